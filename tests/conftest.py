@@ -13,6 +13,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 from dspark_hf import DSparkConfig, DSparkDrafter
 
 VOCAB = 24
+
+# Tiny models gain nothing from intra-op threads, and spinning threads thrash a shared 2-core machine.
+torch.set_num_threads(1)
 MASK_ID = VOCAB - 1
 
 
@@ -32,12 +35,13 @@ def tiny_target(family: str = "qwen3", vocab: int = VOCAB, seed: int = 0, layers
         pad_token_id=None,
     )
     if family == "qwen3":
+        # Sharpened, untied head: greedy text falls into cycles a bigram drafter partly predicts.
         model = Qwen3ForCausalLM(Qwen3Config(**common, tie_word_embeddings=False))
+        with torch.no_grad():
+            model.get_output_embeddings().weight.mul_(4.0)
     else:
-        model = LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=True))
-    # Sharper logits make greedy paths less degenerate and give drafts a fair chance of agreeing.
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(4.0)
+        # Tied embeddings like SmolLM2; a wide init keeps greedy text varied instead of one repeated token.
+        model = LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=True, initializer_range=0.3))
     return model.eval()
 
 
@@ -54,8 +58,6 @@ def drafter_config(target, **fields) -> DSparkConfig:
         confidence_head_with_markov=True,
     )
     defaults.update(fields)
-    if defaults["markov_rank"] == 0:
-        defaults.update(markov_head_type=None, confidence_head_with_markov=False)
     return DSparkConfig.for_target(target.config, **defaults)
 
 
@@ -70,12 +72,14 @@ def write_deepspec(target, directory: Path, seed: int = 1, **fields) -> Path:
     return directory
 
 
-def write_zlab(target, directory: Path, seed: int = 1, block_size: int = 6, layer_ids=None) -> Path:
+def write_zlab(target, directory: Path, seed: int = 1, block_size: int = 6, layer_ids=None, mask_token_id=MASK_ID) -> Path:
     """A z-lab DFlash layout: no heads, no embedding copies, fields under dflash_config."""
     torch.manual_seed(seed)
     depth = target.config.num_hidden_layers
     layer_ids = layer_ids if layer_ids is not None else [0, depth - 2]
-    config = drafter_config(target, markov_rank=0, enable_confidence_head=False, target_layer_ids=layer_ids)
+    config = drafter_config(
+        target, markov_rank=0, enable_confidence_head=False, target_layer_ids=layer_ids, mask_token_id=mask_token_id
+    )
     drafter = DSparkDrafter(config, target)
     directory.mkdir(parents=True, exist_ok=True)
     raw = target.config.to_dict()
@@ -86,7 +90,7 @@ def write_zlab(target, directory: Path, seed: int = 1, block_size: int = 6, laye
         num_hidden_layers=1,
         num_target_layers=depth,
         block_size=block_size,
-        dflash_config={"mask_token_id": MASK_ID, "target_layer_ids": layer_ids},
+        dflash_config={"mask_token_id": mask_token_id, "target_layer_ids": layer_ids},
     )
     (directory / "config.json").write_text(json.dumps(raw))
     save_file({k: v.contiguous() for k, v in drafter.state_dict().items()}, str(directory / "model.safetensors"))
@@ -101,3 +105,31 @@ def qwen3_target():
 @pytest.fixture(scope="session")
 def llama_target():
     return tiny_target("llama")
+
+
+def greedy_bigrams(target, vocab: int = VOCAB, prompts: int = 24, length: int = 40) -> torch.Tensor:
+    """The target's most frequent greedy successor of each token, from its own generations."""
+    counts = torch.zeros(vocab, vocab)
+    generator = torch.Generator().manual_seed(1234)
+    for i in range(prompts):
+        ids = torch.randint(0, MASK_ID, (1, 3 + i % 7), generator=generator)
+        out = target.generate(ids, max_new_tokens=length, do_sample=False)[0]
+        for prev, nxt in zip(out[:-1].tolist(), out[1:].tolist()):
+            counts[prev, nxt] += 1
+    return counts.argmax(dim=-1)
+
+
+def write_bigram_deepspec(target, directory: Path, seed: int = 1, strength: float = 30.0, **fields) -> Path:
+    """A drafter whose Markov head encodes the target's greedy bigrams: it agrees often, not always."""
+    torch.manual_seed(seed)
+    fields = {"markov_rank": VOCAB, "markov_head_type": "vanilla", **fields}
+    drafter = DSparkDrafter(drafter_config(target, **fields), target)
+    successor = greedy_bigrams(target)
+    with torch.no_grad():
+        drafter.markov_head.markov_w1.weight.copy_(torch.eye(VOCAB))
+        table = torch.zeros(VOCAB, VOCAB)
+        table[successor, torch.arange(VOCAB)] = strength
+        drafter.markov_head.markov_w2.weight.copy_(table)
+        drafter.confidence_head["proj"].weight.normal_(0, 0.5)
+    drafter.save_pretrained(directory)
+    return directory

@@ -64,11 +64,12 @@ def target_and_tokenizer():
 
     A random model rarely chooses any fixed EOS, so the EOS word is picked from
     its own greedy outputs; that makes the early-stop path actually exercised.
+    A wide weight init keeps the outputs varied and the logits far from ties.
     """
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(WORDS), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=64, pad_token_id=0, bos_token_id=None,
+        num_key_value_heads=2, intermediate_size=64, initializer_range=0.2, pad_token_id=0, bos_token_id=None,
         eos_token_id=None, tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config).eval()
@@ -79,7 +80,7 @@ def target_and_tokenizer():
         return [c.index(token) if token in c else None for c in continuations]
 
     eos_id = next(
-        token for token in range(len(WORDS))
+        token for token in range(WORDS.index("w0"), len(WORDS))
         if None in stop_positions(token) and len({p for p in stop_positions(token) if p}) >= 2
     )
     model.generation_config.eos_token_id = eos_id

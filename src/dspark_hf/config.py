@@ -63,6 +63,14 @@ class DSparkConfig:
     # Generation code reads these two from any assistant's config.
     is_encoder_decoder: bool = False
 
+    def __post_init__(self):
+        # One canonical form: fields that only matter with a Markov head or confidence head are off without them.
+        if self.markov_rank <= 0:
+            self.markov_rank, self.markov_head_type = 0, None
+        self.confidence_head_with_markov = bool(
+            self.confidence_head_with_markov and self.enable_confidence_head and self.markov_rank > 0
+        )
+
     def get_text_config(self, *args, **kwargs) -> "DSparkConfig":
         """transformers calls this on every assistant config to compare vocabularies."""
         return self

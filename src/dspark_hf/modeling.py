@@ -310,6 +310,12 @@ class DSparkDrafter(nn.Module):
         confidences = torch.sigmoid(torch.cat(confidence_logits).float()) if confidence_logits else None
         return DraftBlock(torch.tensor(draft_ids), torch.stack(draft_logits), confidences)
 
+    def generate(self, *args, **kwargs):
+        raise TypeError(
+            "A DSparkDrafter does not generate on its own: pass it to the target it was loaded with, "
+            "target.generate(..., assistant_model=drafter)."
+        )
+
     # ------------------------------------------------------------ loading
     @classmethod
     def from_pretrained(cls, name_or_path, target, **kwargs) -> "DSparkDrafter":

@@ -12,7 +12,9 @@ class RoundRecord:
     draft_ids: list[int]  # the whole block proposed, before scheduling
     confidences: list[float]  # raw c_k per proposed token; empty without a confidence head
     num_verified: int  # draft tokens sent to the target
-    num_accepted: int  # draft tokens the target kept
+    # draft tokens the target kept, as transformers counts them: when EOS or max_length cuts a round,
+    # the last committed token counts as the round's target token even if it was drafted
+    num_accepted: int
     committed_ids: list[int]  # tokens appended this round (accepted drafts + correction/bonus)
     draft_seconds: float
     verify_seconds: float

@@ -1,0 +1,139 @@
+"""Sampling rules: q is exactly what draft tokens are drawn from, and the output keeps the target's distribution."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
+
+from conftest import tiny_target, write_deepspec, write_zlab
+from dspark_hf import DSparkDrafter
+from dspark_hf.sampling import DraftTokenChooser, expected_accepted_length, total_variation
+from dspark_hf.scheduling import threshold_length
+
+SMALL_VOCAB = 6
+
+
+def chi_square_critical(dof: int, z: float = 3.09) -> float:
+    """Upper 0.1% point of chi-square (Wilson-Hilferty), so a correct sampler fails 1 run in 1000."""
+    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+
+
+def exact_joint(target, prompt, length, temperature, top_k):
+    """P(x_1..x_length | prompt) from the target's own logits after temperature and top-k."""
+    def processed(ids):
+        logits = target(ids).logits[0, -1] / temperature
+        if top_k:
+            cutoff = logits.topk(top_k).values[-1]
+            logits = logits.masked_fill(logits < cutoff, -float("inf"))
+        return logits.softmax(-1)
+
+    table = {}
+    with torch.no_grad():
+        for seq in itertools.product(range(SMALL_VOCAB), repeat=length):
+            prob, ids = 1.0, prompt
+            for token in seq:
+                prob *= processed(ids)[token].item()
+                ids = torch.cat((ids, torch.tensor([[token]])), dim=1)
+            table[seq] = prob
+    return table
+
+
+def chi_square(counts: dict, expected_probs: dict, samples: int) -> tuple[float, int]:
+    """Pearson statistic, cells with expected count < 5 pooled into one."""
+    stat, pooled_observed, pooled_expected, cells = 0.0, 0, 0.0, 0
+    for cell, prob in expected_probs.items():
+        expected = prob * samples
+        observed = counts.get(cell, 0)
+        if expected < 5:
+            pooled_observed += observed
+            pooled_expected += expected
+            continue
+        stat += (observed - expected) ** 2 / expected
+        cells += 1
+    if pooled_expected > 0:
+        stat += (pooled_observed - pooled_expected) ** 2 / max(pooled_expected, 1e-9)
+        cells += 1
+    return stat, cells - 1
+
+
+@pytest.mark.parametrize(
+    "fmt,temperature,top_k,threshold",
+    [("deepspec", 0.8, 4, 0.3), ("zlab", 1.0, 0, 0.0)],
+)
+def test_sampled_output_has_the_target_distribution(fmt, temperature, top_k, threshold, tmp_path):
+    target = tiny_target("qwen3", vocab=SMALL_VOCAB, seed=7, layers=3)
+    if fmt == "deepspec":
+        path = write_deepspec(target, tmp_path / "d", mask_token_id=SMALL_VOCAB - 1, markov_rank=4, block_size=4)
+    else:
+        path = write_zlab(target, tmp_path / "d", block_size=4, mask_token_id=SMALL_VOCAB - 1)
+    drafter = DSparkDrafter.from_pretrained(path, target)
+    prompt = torch.tensor([[1, 3, 0, 2]])
+    length, samples = 3, 1500
+    torch.manual_seed(0)
+    counts, verified, accepted = {}, 0, 0
+    for _ in range(samples):
+        out = target.generate(
+            prompt,
+            do_sample=True,
+            temperature=temperature,
+            top_k=top_k or None,
+            max_new_tokens=length,
+            assistant_model=drafter,
+            assistant_confidence_threshold=threshold,
+        )
+        key = tuple(out[0, prompt.shape[1] :].tolist())
+        counts[key] = counts.get(key, 0) + 1
+        verified += sum(r.num_verified for r in drafter.last_trace)
+        accepted += sum(r.num_accepted for r in drafter.last_trace)
+    # both paths of rejection sampling were exercised
+    assert 0 < accepted < verified
+    stat, dof = chi_square(counts, exact_joint(target, prompt, length, temperature, top_k), samples)
+    print(f"chi2={stat:.1f} dof={dof} critical={chi_square_critical(dof):.1f} accept={accepted / verified:.2f}")
+    assert stat < chi_square_critical(dof)
+
+
+def test_chooser_returns_processed_logits_and_tracks_prefix():
+    processors = LogitsProcessorList([TemperatureLogitsWarper(0.5), TopKLogitsWarper(2)])
+    logits = torch.tensor([0.1, 2.0, 1.0, -1.0])
+    chooser = DraftTokenChooser(torch.tensor([[3, 1]]), processors, do_sample=True)
+    torch.manual_seed(0)
+    draws = []
+    for step in range(400):
+        token, processed = chooser(step, logits)
+        draws.append(token)
+    expected = processors(torch.tensor([[3, 1]]), logits[None].clone())[0]
+    torch.testing.assert_close(processed, expected)
+    assert chooser.prefix_ids[0, :2].tolist() == [3, 1] and chooser.prefix_ids[0, 2:].tolist() == draws
+    q = expected.softmax(-1)
+    assert set(draws) <= {1, 2}  # top-k removed the rest
+    share = draws.count(1) / len(draws)
+    assert abs(share - q[1].item()) < 4 * math.sqrt(q[1].item() * (1 - q[1].item()) / len(draws))
+
+
+def test_greedy_chooser_takes_the_processed_argmax():
+    chooser = DraftTokenChooser(torch.tensor([[0]]), None, do_sample=False)
+    assert chooser(0, torch.tensor([0.0, 3.0, 1.0]))[0] == 1
+
+
+def test_threshold_cut_is_the_first_low_confidence():
+    c = torch.tensor([0.9, 0.8, 0.2, 0.95])
+    assert threshold_length(c, 0.5, 4, 10) == 2
+    assert threshold_length(c, 0.0, 4, 10) == 4
+    assert threshold_length(c, 0.5, 4, 1) == 1
+    assert threshold_length(c, 0.95, 4, 10) == 0
+    assert threshold_length(None, 0.9, 4, 3) == 3
+    assert threshold_length(c, 0.5, 4, 0) == 0
+
+
+def test_expected_length_and_total_variation():
+    p = torch.tensor([0.5, 0.5, 0.0])
+    q = torch.tensor([0.25, 0.25, 0.5])
+    assert total_variation(p, q).item() == pytest.approx(0.5)
+    survival = torch.tensor([0.5, 0.5, 1.0])
+    assert expected_accepted_length(survival).item() == pytest.approx(1 + 0.5 + 0.25 + 0.25)
+    mask = torch.tensor([1.0, 1.0, 0.0])
+    assert expected_accepted_length(survival, mask).item() == pytest.approx(1.75)
