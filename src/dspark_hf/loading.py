@@ -197,16 +197,17 @@ def load_drafter(
     return drafter
 
 
-def save_drafter(drafter, save_directory, *, include_shared_weights: bool = False) -> None:
+def save_drafter(drafter, save_directory, *, include_shared_weights: bool = False, dtype=None) -> None:
     """DeepSpec layout: config.json (target config + drafter fields) and model.safetensors without prefixes."""
     directory = Path(save_directory)
     directory.mkdir(parents=True, exist_ok=True)
     target_config = drafter.target.config.get_text_config().to_dict()
     (directory / "config.json").write_text(json.dumps(drafter.config.to_deepspec_dict(target_config), indent=2))
-    tensors = {key: value.detach().contiguous().cpu() for key, value in drafter.state_dict().items()}
+    dtype = dtype or drafter.dtype
+    tensors = {key: value.detach().to("cpu", dtype).contiguous() for key, value in drafter.state_dict().items()}
     if include_shared_weights:
-        tensors["embed_tokens.weight"] = drafter.embed_tokens.weight.detach().to(drafter.dtype).cpu().clone()
-        tensors["lm_head.weight"] = drafter.lm_head.weight.detach().to(drafter.dtype).cpu().clone()
+        tensors["embed_tokens.weight"] = drafter.embed_tokens.weight.detach().to("cpu", dtype).clone()
+        tensors["lm_head.weight"] = drafter.lm_head.weight.detach().to("cpu", dtype).clone()
     temporary = directory / "model.safetensors.tmp"
     save_file(tensors, str(temporary), metadata={"format": "pt"})
     os.replace(temporary, directory / "model.safetensors")

@@ -328,8 +328,9 @@ class DSparkDrafter(nn.Module):
 
         return load_drafter(cls, name_or_path, target, **kwargs)
 
-    def save_pretrained(self, save_directory, *, include_shared_weights: bool = False) -> None:
-        """Write the DeepSpec layout; `include_shared_weights` adds the target's embedding/LM head copies."""
+    def save_pretrained(self, save_directory, *, include_shared_weights: bool = False, dtype=None) -> None:
+        """Write the DeepSpec layout; `include_shared_weights` adds copies of the target's embedding and
+        LM head so DeepSpec's own loader can read the file; `dtype` casts the stored tensors."""
         from .loading import save_drafter
 
-        save_drafter(self, save_directory, include_shared_weights=include_shared_weights)
+        save_drafter(self, save_directory, include_shared_weights=include_shared_weights, dtype=dtype)

@@ -1,0 +1,308 @@
+"""Training a DSpark (or DFlash) drafter against a frozen target, on one machine.
+
+The target's features are computed on the fly (optionally cached per sequence on
+disk, which pays off when several epochs run on a small set). Each sequence gives
+many anchors; every anchor's block is drafted in parallel with the block attention
+mask (context before the anchor, plus the block itself), through the very same
+`DSparkDrafter.backbone` / `head_step` the inference path uses.
+
+Loss per draft position k, weighted by exp(-(k-1)/gamma):
+    0.1 * CE(ground truth) + 0.9 * ||p_draft - p_target||_1 + 1.0 * BCE(c_k, 1 - TV)
+The DFlash ablation keeps CE only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..config import DSparkConfig
+from ..modeling import DSparkDrafter
+from ..sampling import expected_accepted_length
+
+CHECKPOINT_DIR = "checkpoint"
+STATE_FILE = "trainer_state.pt"
+LOG_FILE = "train_log.jsonl"
+
+
+@dataclasses.dataclass
+class TrainSettings:
+    max_steps: int = 1000
+    sequences_per_step: int = 4
+    anchors_per_sequence: int = 32
+    max_tokens: int = 768
+    learning_rate: float = 6e-4
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    gamma_decay: float = 4.0
+    ce_weight: float = 0.1
+    l1_weight: float = 0.9
+    confidence_weight: float = 1.0
+    save_every: int = 100
+    log_every: int = 10
+    seed: int = 0
+
+
+def choose_mask_token(tokenizer, vocab_size: int) -> int:
+    """A token the drafter can use as MASK: the tokenizer's own, else a padded-vocab slot, else unk, else the last id."""
+    if tokenizer is not None and getattr(tokenizer, "mask_token_id", None) is not None:
+        return int(tokenizer.mask_token_id)
+    if tokenizer is not None and len(tokenizer) < vocab_size:
+        return vocab_size - 1
+    if tokenizer is not None and getattr(tokenizer, "unk_token_id", None) is not None:
+        return int(tokenizer.unk_token_id)
+    return vocab_size - 1
+
+
+def init_from_target(drafter: DSparkDrafter, target) -> None:
+    """Start the draft layers from the target's deepest layers (same shapes): it converges much faster than random."""
+    target_layers = target.get_decoder().layers
+    for draft_layer, source in zip(drafter.layers, target_layers[-len(drafter.layers) :]):
+        source_state = source.state_dict()
+        own = draft_layer.state_dict()
+        matched = {k: v for k, v in source_state.items() if k in own and own[k].shape == v.shape}
+        draft_layer.load_state_dict(matched, strict=False)
+    drafter.norm.load_state_dict(target.get_decoder().norm.state_dict())
+
+
+@torch.no_grad()
+def target_features(target, input_ids: torch.Tensor, layer_ids: list[int]):
+    """Hidden states of the selected target layers, plus the final normed hidden state that gives its logits."""
+    depth = target.config.get_text_config().num_hidden_layers
+    indices = [i + 1 for i in layer_ids] + [depth]
+    out = target(input_ids, output_hidden_states=indices, use_cache=False, logits_to_keep=1)
+    return [out.hidden_states[i] for i in indices[:-1]], out.hidden_states[depth]
+
+
+class FeatureStore:
+    """Per-sequence target features, computed on demand and kept on disk when a directory is given."""
+
+    def __init__(self, target, layer_ids: list[int], directory: Optional[Path] = None):
+        self.target, self.layer_ids, self.directory = target, layer_ids, directory
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+
+    def get(self, index: int, ids: torch.Tensor):
+        path = self.directory / f"{index}.pt" if self.directory is not None else None
+        if path is not None and path.is_file():
+            stored = torch.load(path)
+            return [h.float() for h in stored["layers"]], stored["final"].float()
+        device = self.target.get_input_embeddings().weight.device
+        layers, final = target_features(self.target, ids[None].to(device), self.layer_ids)
+        if path is not None:
+            temporary = path.with_suffix(".tmp")
+            torch.save({"layers": [h.to(torch.bfloat16) for h in layers], "final": final.to(torch.bfloat16)}, temporary)
+            os.replace(temporary, path)
+        return layers, final
+
+
+def block_attention_mask(anchors: torch.Tensor, context_length: int, block_size: int) -> torch.Tensor:
+    """[1, 1, nb*B, T + nb*B] boolean: block b sees context positions < anchor_b and its own block only."""
+    num_blocks = len(anchors)
+    sees_context = torch.arange(context_length)[None, :] < anchors[:, None]  # [nb, T]
+    sees_context = sees_context.repeat_interleave(block_size, dim=0)
+    block_of = torch.arange(num_blocks).repeat_interleave(block_size)
+    sees_block = block_of[:, None] == block_of[None, :]
+    return torch.cat((sees_context, sees_block), dim=1)[None, None]
+
+
+def sequence_loss(drafter: DSparkDrafter, ids: torch.Tensor, features, anchors, settings, dflash):
+    """Loss terms and the expected tau for the blocks of one sequence."""
+    layer_hidden, final_hidden = features
+    device = drafter.device
+    ids = ids.to(device)
+    length, block = len(ids), drafter.config.block_size
+    anchors = anchors.to(device)
+    block_positions = anchors[:, None] + torch.arange(block, device=device)  # [nb, B]
+    label_positions = block_positions + 1  # block index k-1 predicts position p+k
+    valid = label_positions < length
+    safe_labels = label_positions.clamp(max=length - 1)
+    labels = ids[safe_labels]
+    previous = ids[safe_labels - 1]  # teacher-forced x_{k-1}; the anchor for k = 1
+    block_ids = torch.full_like(block_positions, drafter.config.mask_token_id)
+    block_ids[:, 0] = ids[anchors]
+
+    positions = torch.arange(length, device=device)[None]
+    context = drafter.context_kv([h.to(device) for h in layer_hidden], positions)
+    mask = block_attention_mask(anchors.cpu(), length, block).to(device)
+    hidden = drafter.backbone(block_ids.view(1, -1), block_positions.view(1, -1), context, mask)
+    hidden = hidden.view(len(anchors), block, -1)
+
+    logits = drafter.vocab_logits(hidden).float()
+    confidence_logits, state = [], None
+    biases = []
+    for k in range(block):
+        bias, confidence_logit, state = drafter.head_step(hidden[:, k], previous[:, k], state)
+        biases.append(bias)
+        confidence_logits.append(confidence_logit)
+    if biases[0] is not None:
+        logits = logits + torch.stack(biases, dim=1).float()
+
+    weights = torch.exp(-torch.arange(block, device=device, dtype=torch.float) / settings.gamma_decay)
+    weights = weights[None].expand_as(labels) * valid
+    total_weight = weights.sum().clamp(min=1e-6)
+
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(weights)
+    with torch.no_grad():
+        target_probs = drafter.vocab_logits(final_hidden[0, safe_labels - 1].to(device)).float().softmax(-1)
+    l1 = (logits.softmax(-1) - target_probs).abs().sum(-1)
+    survival = (1 - 0.5 * l1).detach()
+    terms = {"ce": (ce * weights).sum() / total_weight, "l1": (l1 * weights).sum() / total_weight}
+    loss = terms["ce"] if dflash else settings.ce_weight * terms["ce"] + settings.l1_weight * terms["l1"]
+    if confidence_logits[0] is not None:
+        bce = F.binary_cross_entropy_with_logits(
+            torch.stack(confidence_logits, dim=1).float(), survival, reduction="none"
+        )
+        terms["conf"] = (bce * weights).sum() / total_weight
+        loss = loss + settings.confidence_weight * terms["conf"]
+    terms["expected_tau"] = expected_accepted_length(survival, valid.float()).mean()
+    return loss, terms
+
+
+def sample_anchors(prompt_length: int, length: int, count: int, generator: torch.Generator) -> Optional[torch.Tensor]:
+    """Anchors are response tokens with at least one token after them, as at inference."""
+    candidates = torch.arange(prompt_length, length - 1)
+    if len(candidates) == 0:
+        return None
+    chosen = torch.randperm(len(candidates), generator=generator)[: min(count, len(candidates))]
+    return candidates[chosen].sort().values
+
+
+def sequence_order(step: int, slot: int, settings: TrainSettings, num_sequences: int) -> int:
+    """Which sequence a (step, slot) trains on: a fresh permutation each epoch, reproducible after a resume."""
+    flat = step * settings.sequences_per_step + slot
+    epoch, offset = divmod(flat, num_sequences)
+    generator = torch.Generator().manual_seed(settings.seed * 100003 + epoch)
+    return int(torch.randperm(num_sequences, generator=generator)[offset])
+
+
+def learning_rate(step: int, settings: TrainSettings) -> float:
+    if step < settings.warmup_steps:
+        return settings.learning_rate * (step + 1) / settings.warmup_steps
+    progress = (step - settings.warmup_steps) / max(1, settings.max_steps - settings.warmup_steps)
+    return settings.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def save_checkpoint(out_dir: Path, drafter, optimizer, step: int, settings: TrainSettings, arch: str) -> None:
+    """Weights and trainer state side by side, swapped in atomically so a kill never leaves half a checkpoint."""
+    final = out_dir / CHECKPOINT_DIR
+    staging = out_dir / (CHECKPOINT_DIR + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    drafter.save_pretrained(staging)
+    torch.save(
+        {"step": step, "optimizer": optimizer.state_dict(), "settings": dataclasses.asdict(settings), "arch": arch},
+        staging / STATE_FILE,
+    )
+    previous = out_dir / (CHECKPOINT_DIR + ".old")
+    shutil.rmtree(previous, ignore_errors=True)
+    if final.exists():
+        os.replace(final, previous)
+    os.replace(staging, final)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def train(
+    target,
+    sequences: list[dict],
+    out_dir: str | os.PathLike,
+    *,
+    config: Optional[DSparkConfig] = None,
+    settings: Optional[TrainSettings] = None,
+    arch: str = "dspark",
+    resume: bool = False,
+    feature_cache: Optional[str | os.PathLike] = None,
+    device: Optional[str] = None,
+    progress: bool = True,
+) -> DSparkDrafter:
+    """Train a drafter on `sequences` ({"prompt_ids", "response_ids"} records) and write it to `out_dir`.
+
+    `config` is required for a fresh run; with `resume=True` it is read from the checkpoint.
+    """
+    settings = settings or TrainSettings()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    for param in target.parameters():
+        param.requires_grad_(False)
+    target.eval()
+
+    checkpoint = out_dir / CHECKPOINT_DIR
+    start_step = 0
+    if resume and (checkpoint / STATE_FILE).is_file():
+        state = torch.load(checkpoint / STATE_FILE)
+        drafter = DSparkDrafter.from_pretrained(checkpoint, target, dtype=torch.float32)
+        start_step, arch = state["step"], state["arch"]
+    else:
+        if config is None:
+            raise ValueError(f"No checkpoint to resume in {checkpoint}; pass a DSparkConfig to start a new run.")
+        state = None
+        torch.manual_seed(settings.seed)  # the same settings always start from the same weights
+        drafter = DSparkDrafter(config, target)
+        init_from_target(drafter, target)
+    drafter.to(device=device, dtype=torch.float32).train()
+    dflash = arch == "dflash"
+
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    store = FeatureStore(target, drafter.config.target_layer_ids, Path(feature_cache) if feature_cache else None)
+    records = [s for s in sequences if len(s["response_ids"]) >= 2]
+    if not records:
+        raise ValueError("No training sequence has a response of at least 2 tokens.")
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+
+    log_path = out_dir / LOG_FILE
+    bar = tqdm(range(start_step, settings.max_steps), initial=start_step, total=settings.max_steps,
+               desc=f"train {arch}", disable=not progress)
+    window: dict[str, list[float]] = {}
+    started = time.time()
+    completed = start_step
+    try:
+        for step in bar:
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, settings)
+            optimizer.zero_grad(set_to_none=True)
+            for slot in range(settings.sequences_per_step):
+                index = sequence_order(step, slot, settings, len(records))
+                record = records[index]
+                ids = torch.tensor(record["prompt_ids"] + record["response_ids"])[: settings.max_tokens]
+                generator = torch.Generator().manual_seed(settings.seed * 7919 + step * 131 + slot)
+                anchors = sample_anchors(len(record["prompt_ids"]), len(ids), settings.anchors_per_sequence, generator)
+                if anchors is None:
+                    continue
+                features = store.get(index, ids)
+                with autocast:
+                    loss, terms = sequence_loss(drafter, ids, features, anchors, settings, dflash)
+                (loss / settings.sequences_per_step).backward()
+                for name, value in terms.items():
+                    window.setdefault(name, []).append(value.item())
+            torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+            optimizer.step()
+            completed = step + 1
+            if window and (completed % settings.log_every == 0 or completed == settings.max_steps):
+                means = {name: sum(values) / len(values) for name, values in window.items()}
+                bar.set_postfix({name: f"{value:.3f}" for name, value in means.items()})
+                entry = {"step": completed, "lr": learning_rate(step, settings), "elapsed": time.time() - started, **means}
+                with log_path.open("a") as log:
+                    log.write(json.dumps(entry) + "\n")
+                window = {}
+            if completed % settings.save_every == 0:
+                save_checkpoint(out_dir, drafter, optimizer, completed, settings, arch)
+    except KeyboardInterrupt:
+        # Keep every finished step: --resume continues from exactly here.
+        save_checkpoint(out_dir, drafter, optimizer, completed, settings, arch)
+        raise
+    save_checkpoint(out_dir, drafter, optimizer, completed, settings, arch)
+    drafter.eval()
+    drafter.save_pretrained(out_dir)
+    return drafter
