@@ -173,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--include-shared-weights", action="store_true", help="also store embed_tokens/lm_head copies")
     tr.add_argument("--save-dtype", choices=["bf16", "fp32"], default="fp32")
     tr.set_defaults(func=cmd_train)
+
+    from . import bench, demo_app
+
+    bench.add_arguments(commands.add_parser("bench", help="tau and tokens/s against the baselines"))
+    demo_app.add_arguments(commands.add_parser("demo", help="Gradio demo: watch every drafting round"))
     return parser
 
 

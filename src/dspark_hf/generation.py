@@ -153,15 +153,16 @@ class DSparkCandidateGenerator(CandidateGenerator):
             return
         pending, self.pending = self.pending, None
         block = pending["block"]
-        self.trace.append(
-            RoundRecord(
-                position=pending["position"],
-                draft_ids=block.draft_ids.tolist() if block is not None else [],
-                confidences=block.confidences.tolist() if block is not None and block.confidences is not None else [],
-                num_verified=pending["num_verified"],
-                num_accepted=int(num_matches),
-                committed_ids=input_ids[0, pending["position"] + 1 :].tolist(),
-                draft_seconds=pending["draft_seconds"],
-                verify_seconds=time.perf_counter() - pending["verify_started"],
-            )
+        record = RoundRecord(
+            position=pending["position"],
+            draft_ids=block.draft_ids.tolist() if block is not None else [],
+            confidences=block.confidences.tolist() if block is not None and block.confidences is not None else [],
+            num_verified=pending["num_verified"],
+            num_accepted=int(num_matches),
+            committed_ids=input_ids[0, pending["position"] + 1 :].tolist(),
+            draft_seconds=pending["draft_seconds"],
+            verify_seconds=time.perf_counter() - pending["verify_started"],
         )
+        self.trace.append(record)
+        if self.drafter.on_round is not None:
+            self.drafter.on_round(record)

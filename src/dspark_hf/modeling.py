@@ -220,7 +220,8 @@ class DSparkDrafter(nn.Module):
         from .generation import attach_to_target, default_generation_config
 
         self.generation_config = default_generation_config(config)
-        self.last_trace: list = []
+        self.last_trace: list = []  # one RoundRecord per drafting round of the latest generate() call
+        self.on_round: Optional[Callable] = None  # called with each RoundRecord as soon as its round ends
         attach_to_target(target)
 
     # ---------------------------------------------------------- shared modules

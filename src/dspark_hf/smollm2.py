@@ -134,3 +134,7 @@ def load_smollm2(dtype: torch.dtype = torch.float32, cache_dir: str | os.PathLik
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     model.eval()
     return model, tokenizer
+
+
+if __name__ == "__main__":  # `python -m dspark_hf.smollm2`: fetch and convert once, as the set-up script does
+    print(ensure_smollm2())
