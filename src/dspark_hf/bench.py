@@ -1,0 +1,491 @@
+"""`dspark bench`: tau, acceptance and tokens/s of DSpark against plain decoding and other drafters.
+
+All methods run in one process on the same prompts, interleaved prompt by prompt in a
+rotating order, so drifts of a shared machine (heat, other jobs) hit every method alike
+and each per-prompt speed-up compares two runs made seconds apart. The metrics are pure
+functions of the recorded rounds and timings, kept apart from the measuring loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence
+
+import torch
+
+from .trace import RoundRecord, summarize
+
+DEFAULT_METHODS = "plain,dspark,dflash,prompt-lookup"
+DEFAULT_PROMPT_LOOKUP_TOKENS = 7
+# What may follow each method name: nothing, an optional "=VALUE", or a required one.
+METHOD_VALUES = {
+    "plain": "none",
+    "dspark": "none",
+    "dflash": "optional",
+    "prompt-lookup": "optional",
+    "assistant": "required",
+}
+METHOD_HELP = "plain, dspark, dspark@T, dflash[=DIR], prompt-lookup[=N], assistant=MODEL"
+TRACE_FIELDS = (
+    "rounds", "tau", "acceptance_per_position", "verify_rate", "draft_seconds", "verify_seconds", "draft_share"
+)
+
+
+# ------------------------------------------------------------------ metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """One timed generate() call."""
+
+    new_tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds
+
+
+def median(values: Iterable[float]) -> Optional[float]:
+    values = list(values)
+    return statistics.median(values) if values else None
+
+
+def speedups(method: Sequence[Timing], plain: Sequence[Timing]) -> list[float]:
+    """Per-prompt throughput ratio to plain decoding of the same prompt.
+
+    With identical outputs (greedy) this is plain time / method time; with sampling the
+    two runs may stop at different lengths, and tokens per second stays comparable.
+    """
+    return [m.tokens_per_second / p.tokens_per_second for m, p in zip(method, plain, strict=True)]
+
+
+def trace_metrics(traces: Sequence[Sequence[RoundRecord]]) -> dict:
+    """Round statistics pooled over all rounds of all prompts, as the paper averages tau over rounds."""
+    rounds = list(itertools.chain.from_iterable(traces))
+    if not rounds:
+        return dict.fromkeys(TRACE_FIELDS)
+    summary = summarize(rounds)
+    anything_verified = any(r.num_verified for r in rounds)
+    busy_seconds = summary.draft_seconds + summary.verify_seconds
+    return {
+        "rounds": summary.rounds,
+        "tau": summary.tau,
+        "acceptance_per_position": summary.acceptance_per_position,
+        "verify_rate": summary.verify_rate if anything_verified else None,
+        "draft_seconds": summary.draft_seconds,
+        "verify_seconds": summary.verify_seconds,
+        "draft_share": summary.draft_seconds / busy_seconds if busy_seconds else None,
+    }
+
+
+def method_metrics(
+    timings: Sequence[Timing], plain_timings: Sequence[Timing], traces: Optional[Sequence[Sequence[RoundRecord]]]
+) -> dict:
+    """One result row: medians over prompts of speed, plus pooled round statistics when there are traces."""
+    ratios = speedups(timings, plain_timings)
+    return {
+        "prompts": len(timings),
+        "new_tokens": sum(t.new_tokens for t in timings),
+        "wall_seconds": sum(t.seconds for t in timings),
+        "tokens_per_second": median(t.tokens_per_second for t in timings),
+        "speedup": median(ratios),
+        "per_prompt_tokens_per_second": [t.tokens_per_second for t in timings],
+        "per_prompt_speedup": ratios,
+        **(trace_metrics(traces) if traces is not None else dict.fromkeys(TRACE_FIELDS)),
+    }
+
+
+def count_mismatches(outputs: Sequence[list[int]], reference: Sequence[list[int]]) -> int:
+    """Prompts whose generated tokens differ from the reference's (greedy decoding must be lossless)."""
+    return sum(ours != theirs for ours, theirs in zip(outputs, reference, strict=True))
+
+
+def rotated(items: Sequence, shift: int) -> list:
+    """`items` started at index `shift` (mod len): each method takes every slot of the order in turn."""
+    shift %= len(items)
+    return list(items[shift:]) + list(items[:shift])
+
+
+# ------------------------------------------------------------------ methods
+
+
+def parse_methods(text: str, threshold: Optional[float] = None) -> list[str]:
+    """Method labels in order, validated; 'plain' always included since speed-up and losslessness refer to it."""
+    labels = [label.strip() for label in text.split(",") if label.strip()]
+    if threshold is not None:
+        labels.append(f"dspark@{threshold:g}")
+    labels = list(dict.fromkeys(["plain", *labels]))
+    for label in labels:
+        parse_method(label)
+    return labels
+
+
+def parse_method(label: str) -> tuple[str, Optional[str]]:
+    """('dspark', '0.7') for 'dspark@0.7', ('dflash', DIR) for 'dflash=DIR', ('plain', None) for 'plain'."""
+    if label.startswith("dspark@"):
+        threshold = label.removeprefix("dspark@")
+        try:
+            float(threshold)
+        except ValueError:
+            raise ValueError(f"method {label!r}: the threshold after '@' must be a number") from None
+        return "dspark", threshold
+    kind, _, value = label.partition("=")
+    rule = METHOD_VALUES.get(kind)
+    if rule is None or (rule == "none" and value) or (rule == "required" and not value):
+        raise ValueError(f"unknown method {label!r}; expected one of: {METHOD_HELP}")
+    if kind == "prompt-lookup" and value and (not value.isdigit() or int(value) == 0):
+        raise ValueError(f"method {label!r}: the number of lookup tokens must be a positive integer")
+    return kind, value or None
+
+
+@dataclasses.dataclass
+class Method:
+    """A method ready to run: the extra generate() arguments, and the drafter whose trace to read."""
+
+    label: str
+    generate_kwargs: dict
+    drafter: Optional[object] = None  # a DSparkDrafter; its last_trace holds the rounds of the latest call
+
+
+class DrafterLoader:
+    """Loads each drafter directory once, bound to the target, so 'dspark' and 'dspark@T' share one."""
+
+    def __init__(self, target, default_paths: dict[str, Optional[str | os.PathLike]]):
+        self.target = target
+        self.default_paths = default_paths
+        self.loaded: dict[str, object] = {}
+
+    def __call__(self, kind: str, path: Optional[str | os.PathLike] = None):
+        from .modeling import DSparkDrafter
+
+        path = path or self.default_paths.get(kind)
+        if path is None:
+            how = "--drafter DIR" if kind == "dspark" else "dflash=DIR"
+            raise ValueError(f"method '{kind}' has no default drafter for this target: pass {how}.")
+        key = str(path)
+        if key not in self.loaded:
+            self.loaded[key] = DSparkDrafter.from_pretrained(path, self.target)
+        return self.loaded[key]
+
+
+def assistant_kwargs(name: str, target, tokenizer) -> dict:
+    """generate() arguments for a small assistant model; different vocabularies use universal assisted decoding."""
+    from .cli import load_target
+
+    assistant, assistant_tokenizer = load_target(name, dtype=target.dtype, device=str(target.device))
+    kwargs = {"assistant_model": assistant}
+    if tokenizer is not None and assistant_tokenizer.get_vocab() != tokenizer.get_vocab():
+        kwargs.update(tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer)
+    return kwargs
+
+
+def prepare_method(label: str, load_drafter: Callable, target, tokenizer=None) -> Method:
+    kind, value = parse_method(label)
+    if kind == "plain":
+        return Method(label, {})
+    if kind in ("dspark", "dflash"):
+        drafter = load_drafter("dspark") if kind == "dspark" else load_drafter("dflash", value)
+        threshold = float(value) if kind == "dspark" and value else 0.0  # 0: verify the full block
+        return Method(label, {"assistant_model": drafter, "assistant_confidence_threshold": threshold}, drafter)
+    if kind == "prompt-lookup":
+        return Method(label, {"prompt_lookup_num_tokens": int(value or DEFAULT_PROMPT_LOOKUP_TOKENS)})
+    return Method(label, assistant_kwargs(value, target, tokenizer))
+
+
+# ------------------------------------------------------------------ measuring
+
+
+@dataclasses.dataclass
+class Runs:
+    """Everything one method produced on one prompt set, prompt by prompt."""
+
+    timings: list[Timing] = dataclasses.field(default_factory=list)
+    traces: list[list[RoundRecord]] = dataclasses.field(default_factory=list)
+    outputs: list[list[int]] = dataclasses.field(default_factory=list)
+
+
+def sampling_kwargs(temperature: float) -> dict:
+    return {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+
+
+def describe_mode(temperature: float) -> str:
+    return f"sampling (temperature {temperature:g})" if temperature > 0 else "greedy"
+
+
+def generate_once(target, prompt_ids: list[int], method: Method, generation: dict) -> tuple[list[int], Timing, list]:
+    """New tokens, wall time and drafting rounds of one generate() call."""
+    ids = torch.tensor([prompt_ids], device=target.device)
+    started = time.perf_counter()
+    output = target.generate(ids, attention_mask=torch.ones_like(ids), **generation, **method.generate_kwargs)
+    seconds = time.perf_counter() - started
+    new_tokens = output[0, ids.shape[1] :].tolist()
+    trace = list(method.drafter.last_trace) if method.drafter is not None else []
+    return new_tokens, Timing(len(new_tokens), seconds), trace
+
+
+def measure(
+    target, prompt_sets: dict[str, list[list[int]]], methods: list[Method], generation: dict, seed: int, progress: bool
+) -> dict[str, dict[str, Runs]]:
+    """Warm every method up once, then run each prompt with every method in a rotating order."""
+    from tqdm.auto import tqdm
+
+    all_prompts = [prompt for prompts in prompt_sets.values() for prompt in prompts]
+    if not all_prompts:
+        raise ValueError("no prompts to benchmark.")
+    first_prompt = all_prompts[0]
+    for method in methods:
+        generate_once(target, first_prompt, method, generation)
+    runs = {name: {method.label: Runs() for method in methods} for name in prompt_sets}
+    prompt_number = itertools.count()
+    with tqdm(total=len(all_prompts), desc="bench", unit="prompt", disable=not progress) as bar:
+        for name, prompts in prompt_sets.items():
+            bar.set_postfix_str(name)
+            for prompt_ids in prompts:
+                number = next(prompt_number)
+                for method in rotated(methods, number):
+                    torch.manual_seed(seed + number)  # with sampling, every method draws from the same seed
+                    tokens, timing, trace = generate_once(target, prompt_ids, method, generation)
+                    record = runs[name][method.label]
+                    record.timings.append(timing)
+                    record.traces.append(trace)
+                    record.outputs.append(tokens)
+                bar.update()
+    return runs
+
+
+def result_rows(runs: dict[str, dict[str, Runs]], methods: list[Method], greedy: bool) -> list[dict]:
+    rows = []
+    for name, by_method in runs.items():
+        plain = by_method["plain"]
+        for method in methods:
+            measured = by_method[method.label]
+            traces = measured.traces if method.drafter is not None else None
+            rows.append(
+                {
+                    "prompt_set": name,
+                    "method": method.label,
+                    **method_metrics(measured.timings, plain.timings, traces),
+                    "greedy_mismatches": count_mismatches(measured.outputs, plain.outputs) if greedy else None,
+                }
+            )
+    return rows
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name where Linux tells it; platform.processor() is often just 'x86_64'."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe_environment(target) -> dict:
+    import transformers
+
+    device = target.device
+    if device.type == "cpu":
+        hardware = "CPU"
+    elif device.type == "cuda":
+        hardware = torch.cuda.get_device_name(device)
+    else:
+        hardware = device.type.upper()
+    return {
+        "hardware": hardware,
+        "processor": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "device": str(device),
+    }
+
+
+def benchmark(
+    target,
+    prompt_sets: dict[str, list[list[int]]],
+    method_labels: list[str],
+    *,
+    drafter_paths: Optional[dict[str, Optional[str | os.PathLike]]] = None,
+    tokenizer=None,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    seed: int = 0,
+    settings: Optional[dict] = None,
+    progress: bool = True,
+) -> dict:
+    """Measure every method on every prompt set (already tokenized); the report as a JSON-ready dict.
+
+    `drafter_paths` gives the drafter used by 'dspark' / 'dspark@T' and by 'dflash' without '=DIR'.
+    `settings` adds descriptive entries (model names, files) to the report's settings.
+    """
+    if "plain" not in method_labels:
+        raise ValueError("'plain' must be among the methods: speed-ups and the lossless check refer to it.")
+    load_drafter = DrafterLoader(target, drafter_paths or {})
+    methods = [prepare_method(label, load_drafter, target, tokenizer) for label in method_labels]
+    generation = {"max_new_tokens": max_new_tokens, **sampling_kwargs(temperature)}
+    runs = measure(target, prompt_sets, methods, generation, seed, progress)
+    greedy = temperature <= 0
+    rows = result_rows(runs, methods, greedy)
+    return {
+        "environment": describe_environment(target),
+        "settings": {
+            **(settings or {}),
+            "mode": describe_mode(temperature),
+            "methods": method_labels,
+            "prompt_sets": {name: len(prompts) for name, prompts in prompt_sets.items()},
+            "max_new_tokens": max_new_tokens,
+            "temperature": temperature,
+            "seed": seed,
+            "protocol": "one warm-up generate per method; methods interleaved per prompt in rotating order; "
+            "tokens/s and speed-up are medians over prompts; round statistics pool all rounds of a set",
+        },
+        "results": rows,
+        "greedy_mismatches": sum(row["greedy_mismatches"] for row in rows) if greedy else None,
+    }
+
+
+# ------------------------------------------------------------------ reporting
+
+
+def format_number(value: Optional[float], digits: int = 2, suffix: str = "") -> str:
+    return "–" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def format_split(row: dict) -> str:
+    """'0.12 / 0.88 s (12% draft)': where a drafter method spends its rounds."""
+    if row["draft_seconds"] is None:
+        return "–"
+    seconds = f"{row['draft_seconds']:.2f} / {row['verify_seconds']:.2f} s"
+    return seconds if row["draft_share"] is None else f"{seconds} ({100 * row['draft_share']:.0f}% draft)"
+
+
+def markdown_row(row: dict) -> str:
+    acceptance = row["acceptance_per_position"]
+    cells = [
+        row["prompt_set"],
+        row["method"],
+        format_number(row["tau"]),
+        " ".join(format_number(a) for a in acceptance) if acceptance else "–",
+        format_number(row["verify_rate"]),
+        format_number(row["tokens_per_second"], 1),
+        format_number(row["speedup"], 2, "×"),
+        format_split(row),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def render_markdown(report: dict) -> str:
+    environment, settings = report["environment"], report["settings"]
+    header = (
+        "| prompt set | method | tau | acceptance @1..k | verify rate | tok/s (median) "
+        "| speed-up (median) | draft / verify |\n|---|---|---|---|---|---|---|---|"
+    )
+    lines = [
+        f"# dspark bench — {environment['hardware']}",
+        "",
+        f"{environment['processor']}, {environment['cpu_count']} CPUs, {environment['torch_threads']} torch threads; "
+        f"{environment['device']}, {environment['dtype']}; torch {environment['torch']}, "
+        f"transformers {environment['transformers']}. {settings['max_new_tokens']} new tokens, "
+        "prompts per set: " + ", ".join(f"{name} {count}" for name, count in settings["prompt_sets"].items()) + ".",
+        "",
+        f"## {settings['mode']} — {environment['hardware']}",
+        "",
+        header,
+        *(markdown_row(row) for row in report["results"]),
+    ]
+    if report["greedy_mismatches"] is not None:
+        verdict = "identical to plain" if report["greedy_mismatches"] == 0 else "NOT identical to plain"
+        lines += ["", f"Greedy outputs {verdict}: {report['greedy_mismatches']} mismatching prompt(s)."]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict, json_path: str | os.PathLike, markdown_path: Optional[str | os.PathLike] = None) -> str:
+    """Write the JSON (and markdown) files; returns the markdown text."""
+    markdown = render_markdown(report)
+    for path, text in ((json_path, json.dumps(report, indent=2) + "\n"), (markdown_path, markdown)):
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text, encoding="utf-8")
+    return markdown
+
+
+# ------------------------------------------------------------------ command line
+
+
+def add_arguments(parser) -> None:
+    from .cli import DEFAULT_TARGET
+
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="Hub id or directory ('smollm2': offline default)")
+    parser.add_argument("--drafter", default=None, help="DSpark drafter (default: the one shipped for smollm2)")
+    parser.add_argument("--prompts", nargs="+", required=True, help='jsonl files of {"turns": [...]}; one set each')
+    parser.add_argument("--limit", type=int, default=None, help="prompts per set")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; otherwise sampling")
+    parser.add_argument("--threshold", type=float, default=None, help="also run dspark@THRESHOLD")
+    parser.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated: {METHOD_HELP}")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", required=True, help="report file")
+    parser.add_argument("--markdown", default=None, help="also write the tables here")
+    parser.set_defaults(func=run)
+
+
+def read_prompt_sets(paths: Sequence[str], tokenizer, limit: Optional[int]) -> dict[str, list[list[int]]]:
+    """Chat-rendered prompt ids per file, named by the file's stem."""
+    from .training.data import read_prompts, render_prompt
+
+    sets: dict[str, list[list[int]]] = {}
+    for path in paths:
+        name = Path(path).stem
+        if name in sets:
+            raise ValueError(f"two prompt files are named {name!r}; each set needs its own name.")
+        sets[name] = [render_prompt(tokenizer, prompt) for prompt in read_prompts([path], limit=limit)]
+    return sets
+
+
+def run(args) -> None:
+    from .cli import DEFAULT_TARGET, load_target
+    from .default import shipped_drafter_path
+
+    labels = parse_methods(args.methods, args.threshold)
+    target, tokenizer = load_target(args.target)
+    default_pair = args.target == DEFAULT_TARGET
+    drafter_paths = {
+        "dspark": args.drafter or (shipped_drafter_path("dspark") if default_pair else None),
+        "dflash": shipped_drafter_path("dflash") if default_pair else None,
+    }
+    report = benchmark(
+        target,
+        read_prompt_sets(args.prompts, tokenizer, args.limit),
+        labels,
+        drafter_paths=drafter_paths,
+        tokenizer=tokenizer,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        settings={
+            "target": args.target,
+            "drafter": str(drafter_paths["dspark"]) if drafter_paths["dspark"] else None,
+            "dflash_drafter": str(drafter_paths["dflash"]) if drafter_paths["dflash"] else None,
+            "prompt_files": list(args.prompts),
+            "limit": args.limit,
+        },
+    )
+    print(write_report(report, args.json, args.markdown))
+    if report["greedy_mismatches"]:
+        mismatches = report["greedy_mismatches"]
+        sys.exit(f"[dspark bench] {mismatches} greedy output(s) differ from plain decoding; see {args.json}")

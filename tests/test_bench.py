@@ -1,0 +1,227 @@
+"""`dspark bench`: every metric against numbers worked out by hand, then one tiny end-to-end run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from conftest import MASK_ID, tiny_target, write_bigram_deepspec
+from dspark_hf import RoundRecord
+from dspark_hf.bench import (
+    Timing,
+    add_arguments,
+    benchmark,
+    count_mismatches,
+    method_metrics,
+    parse_methods,
+    prepare_method,
+    rotated,
+    run,
+    speedups,
+    trace_metrics,
+    write_report,
+)
+
+
+def round_record(num_verified: int, num_accepted: int, draft_seconds: float, verify_seconds: float) -> RoundRecord:
+    """A round with a 5-token block; the committed tokens are the accepted drafts plus the target's token."""
+    draft_ids = [1, 2, 3, 4, 5]
+    return RoundRecord(
+        position=10,
+        draft_ids=draft_ids,
+        confidences=[],
+        num_verified=num_verified,
+        num_accepted=num_accepted,
+        committed_ids=draft_ids[:num_accepted] + [20],
+        draft_seconds=draft_seconds,
+        verify_seconds=verify_seconds,
+    )
+
+
+# Two prompts, five rounds, as (verified, accepted, draft s, verify s).
+PROMPT_A = [round_record(5, 1, 0.125, 0.5), round_record(4, 3, 0.25, 0.75)]
+PROMPT_B = [round_record(2, 2, 0.125, 0.5), round_record(5, 0, 0.25, 0.75), round_record(4, 4, 0.25, 0.5)]
+
+
+def test_tau_pools_rounds_across_prompts():
+    # accepted + 1 per round: 2, 4 | 3, 1, 5 -> 15 / 5 rounds
+    metrics = trace_metrics([PROMPT_A, PROMPT_B])
+    assert metrics["rounds"] == 5
+    assert metrics["tau"] == pytest.approx(3.0)
+    # pooling differs from averaging per-prompt taus when prompts have different round counts
+    assert trace_metrics([PROMPT_A[:1], PROMPT_B])["tau"] == pytest.approx((2 + 3 + 1 + 5) / 4)
+
+
+def test_conditional_acceptance_per_position():
+    # position k counts rounds that verified k tokens and accepted the k-1 before it:
+    # k=1: all 5 rounds reach it, 4 accept        -> 4/5
+    # k=2: rounds 1,2,3,5 reach it, 3 accept      -> 3/4
+    # k=3: rounds 2,5 (round 3 verified only 2)   -> 2/2
+    # k=4: rounds 2,5 reach it, only round 5 keeps -> 1/2
+    # k=5: round 5 accepted 4 but verified only 4; nobody reaches it -> None
+    acceptance = trace_metrics([PROMPT_A, PROMPT_B])["acceptance_per_position"]
+    assert acceptance[:4] == pytest.approx([0.8, 0.75, 1.0, 0.5])
+    assert acceptance[4] is None
+    assert len(acceptance) == 5
+
+
+def test_verify_rate_is_accepted_over_verified_drafts():
+    # accepted 1+3+2+0+4 = 10 of 5+4+2+5+4 = 20 verified
+    assert trace_metrics([PROMPT_A, PROMPT_B])["verify_rate"] == pytest.approx(0.5)
+    nothing_verified = [round_record(0, 0, 0.1, 0.1)]
+    assert trace_metrics([nothing_verified])["verify_rate"] is None
+
+
+def test_draft_verify_split():
+    metrics = trace_metrics([PROMPT_A, PROMPT_B])
+    assert metrics["draft_seconds"] == pytest.approx(0.125 + 0.25 + 0.125 + 0.25 + 0.25)  # 1.0
+    assert metrics["verify_seconds"] == pytest.approx(0.5 + 0.75 + 0.5 + 0.75 + 0.5)  # 3.0
+    assert metrics["draft_share"] == pytest.approx(0.25)
+
+
+def test_no_rounds_gives_no_statistics():
+    assert all(value is None for value in trace_metrics([[], []]).values())
+
+
+PLAIN = [Timing(10, 2.0), Timing(20, 2.0), Timing(30, 3.0)]  # 5, 10, 10 tok/s
+FAST = [Timing(10, 1.0), Timing(20, 4.0), Timing(30, 1.5)]  # 10, 5, 20 tok/s
+
+
+def test_speedup_is_the_median_of_per_prompt_ratios():
+    assert speedups(FAST, PLAIN) == pytest.approx([2.0, 0.5, 2.0])
+    metrics = method_metrics(FAST, PLAIN, traces=None)
+    assert metrics["speedup"] == pytest.approx(2.0)  # the ratio of the median speeds would say 1.0
+    assert metrics["tokens_per_second"] == pytest.approx(10.0)
+    assert metrics["new_tokens"] == 60
+    assert metrics["wall_seconds"] == pytest.approx(6.5)
+    assert metrics["tau"] is None and metrics["draft_seconds"] is None  # no drafter, no rounds
+    assert method_metrics(PLAIN, PLAIN, traces=None)["speedup"] == pytest.approx(1.0)
+
+
+def test_speedup_compares_throughput_when_lengths_differ():
+    # sampling: the method wrote 10 tokens in 1 s, plain 20 tokens in 1 s -> half as fast
+    assert speedups([Timing(10, 1.0)], [Timing(20, 1.0)]) == pytest.approx([0.5])
+    # two prompts: the median is the mean of the two ratios, 2.0 and 0.5
+    assert method_metrics(FAST[:2], PLAIN[:2], traces=None)["speedup"] == pytest.approx(1.25)
+
+
+def test_method_metrics_with_traces():
+    metrics = method_metrics(FAST[:2], PLAIN[:2], traces=[PROMPT_A, PROMPT_B])
+    assert metrics["tau"] == pytest.approx(3.0)
+    assert metrics["verify_rate"] == pytest.approx(0.5)
+
+
+def test_count_mismatches():
+    reference = [[1, 2, 3], [4, 5]]
+    assert count_mismatches([[1, 2, 3], [4, 5]], reference) == 0
+    assert count_mismatches([[1, 2, 9], [4, 5, 6]], reference) == 2
+
+
+def test_rotating_order_gives_each_method_every_slot():
+    methods = ["plain", "dspark", "prompt-lookup"]
+    orders = [rotated(methods, i) for i in range(3)]
+    assert orders[1] == ["dspark", "prompt-lookup", "plain"]
+    assert rotated(methods, 4) == orders[1]
+    for slot in range(3):
+        assert sorted(order[slot] for order in orders) == sorted(methods)
+
+
+def test_parse_methods():
+    labels = parse_methods("dspark, dflash=/tmp/d,prompt-lookup=3,assistant=org/small", threshold=0.7)
+    assert labels == ["plain", "dspark", "dflash=/tmp/d", "prompt-lookup=3", "assistant=org/small", "dspark@0.7"]
+    assert parse_methods("plain,dspark,plain") == ["plain", "dspark"]
+    for bad in ["dspark=x", "assistant", "prompt-lookup=many", "prompt-lookup=0", "dspark@high", "medusa"]:
+        with pytest.raises(ValueError):
+            parse_methods(bad)
+
+
+def test_prepare_method_generate_arguments():
+    drafters = {"dspark": object(), "dflash": object()}
+
+    def load_drafter(kind, path=None):
+        return drafters[kind]
+
+    tuned = prepare_method("dspark@0.5", load_drafter, target=None)
+    assert tuned.generate_kwargs == {"assistant_model": drafters["dspark"], "assistant_confidence_threshold": 0.5}
+    assert tuned.drafter is drafters["dspark"]
+    assert prepare_method("dspark", load_drafter, None).generate_kwargs["assistant_confidence_threshold"] == 0.0
+    assert prepare_method("dflash", load_drafter, None).drafter is drafters["dflash"]
+    assert prepare_method("prompt-lookup", load_drafter, None).generate_kwargs == {"prompt_lookup_num_tokens": 7}
+    assert prepare_method("prompt-lookup=3", load_drafter, None).generate_kwargs == {"prompt_lookup_num_tokens": 3}
+    assert prepare_method("plain", load_drafter, None).generate_kwargs == {}
+
+
+def test_command_line_options():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--prompts", "a.jsonl", "b.jsonl", "--json", "out.json", "--threshold", "0.6"])
+    assert args.func is run
+    assert args.prompts == ["a.jsonl", "b.jsonl"]
+    assert args.threshold == 0.6 and args.temperature == 0.0 and args.markdown is None
+
+
+@pytest.fixture(scope="module")
+def bench_setup(tmp_path_factory):
+    target = tiny_target("qwen3")
+    drafter_dir = write_bigram_deepspec(target, tmp_path_factory.mktemp("bench") / "drafter")
+    generator = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, MASK_ID, (length,), generator=generator).tolist() for length in (5, 9)]
+    return target, drafter_dir, {"toy": prompts}
+
+
+def test_end_to_end_greedy(bench_setup, tmp_path):
+    target, drafter_dir, prompt_sets = bench_setup
+    report = benchmark(
+        target,
+        prompt_sets,
+        ["plain", "dspark", "prompt-lookup"],
+        drafter_paths={"dspark": drafter_dir},
+        max_new_tokens=8,
+        progress=False,
+    )
+    markdown = write_report(report, tmp_path / "out" / "bench.json", tmp_path / "bench.md")
+    saved = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert saved == json.loads(json.dumps(report))
+    assert (tmp_path / "bench.md").read_text() == markdown
+
+    assert saved["environment"]["hardware"] == "CPU"
+    assert {"torch", "transformers", "dtype", "device", "cpu_count", "processor"} <= saved["environment"].keys()
+    assert saved["settings"]["mode"] == "greedy"
+    assert saved["settings"]["prompt_sets"] == {"toy": 2}
+    assert saved["greedy_mismatches"] == 0
+
+    rows = {row["method"]: row for row in saved["results"]}
+    assert list(rows) == ["plain", "dspark", "prompt-lookup"]
+    for row in rows.values():
+        assert row["prompt_set"] == "toy" and row["prompts"] == 2
+        assert row["new_tokens"] == 16 and row["tokens_per_second"] > 0 and row["speedup"] > 0
+        assert row["greedy_mismatches"] == 0
+    assert rows["plain"]["speedup"] == pytest.approx(1.0)
+    dspark = rows["dspark"]
+    assert dspark["rounds"] > 0 and 1.0 <= dspark["tau"] <= 6.0
+    assert len(dspark["acceptance_per_position"]) == 5  # the drafter's block of 5 draft tokens
+    assert 0.0 <= dspark["draft_share"] <= 1.0
+    assert rows["prompt-lookup"]["tau"] is None
+
+    assert "# dspark bench — CPU" in markdown and "## greedy — CPU" in markdown
+    assert "| toy | dspark |" in markdown
+    assert "0 mismatching prompt(s)" in markdown
+
+
+def test_end_to_end_sampling_reports_the_mode(bench_setup):
+    target, drafter_dir, prompt_sets = bench_setup
+    report = benchmark(
+        target,
+        prompt_sets,
+        ["plain", "dspark@0.5"],
+        drafter_paths={"dspark": drafter_dir},
+        max_new_tokens=8,
+        temperature=1.0,
+        progress=False,
+    )
+    assert report["settings"]["mode"] == "sampling (temperature 1)"
+    assert report["greedy_mismatches"] is None
+    assert all(row["greedy_mismatches"] is None for row in report["results"])

@@ -1,0 +1,50 @@
+"""The offline default pair: SmolLM2-135M-Instruct with the shipped DSpark drafter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark_hf import summarize
+from dspark_hf.default import load_default
+from dspark_hf.training.data import render_prompt
+
+# Not from the dev sets: short prompts in the style the drafter was trained on.
+PROMPTS = [
+    "A baker makes 12 muffins per tray and bakes 5 trays. He sells 38 muffins. How many are left? "
+    "Please reason step by step.",
+    "Write a Python function that returns the factorial of n.",
+    "Give three tips for staying focused while studying.",
+]
+
+
+@pytest.fixture(scope="module")
+def default_pair(monkeypatch_module):
+    monkeypatch_module.setenv("HF_HUB_OFFLINE", "1")
+    return load_default()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def test_default_pair_loads_offline(default_pair):
+    target, tokenizer, drafter = default_pair
+    assert drafter.target is target
+    assert drafter.config.vocab_size == target.get_input_embeddings().weight.shape[0] == 49152
+    assert drafter.embed_tokens is target.get_input_embeddings()
+
+
+def test_default_pair_is_lossless_and_fast_enough(default_pair):
+    target, tokenizer, drafter = default_pair
+    taus = []
+    for prompt in PROMPTS:
+        ids = torch.tensor([render_prompt(tokenizer, prompt)])
+        expected = target.generate(ids, max_new_tokens=48, do_sample=False)
+        produced = target.generate(ids, max_new_tokens=48, do_sample=False, assistant_model=drafter)
+        assert produced.tolist() == expected.tolist()
+        taus.append(summarize(drafter.last_trace).tau)
+    print("tau per prompt:", [round(t, 2) for t in taus])
+    assert sum(taus) / len(taus) >= 2.0
