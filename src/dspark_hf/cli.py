@@ -178,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench.add_arguments(commands.add_parser("bench", help="tau and tokens/s against the baselines"))
     demo_app.add_arguments(commands.add_parser("demo", help="Gradio demo: watch every drafting round"))
+    from . import calibration
+
+    calibration.add_arguments(
+        commands.add_parser("calibrate", help="fit STS confidence temperatures (and re-profile the cost table)")
+    )
     return parser
 
 

@@ -6,6 +6,19 @@ in one target forward pass and accepts them losslessly. `attach_to_target` insta
 on that one target instance only, a `_get_candidate_generator` that returns a
 `DSparkCandidateGenerator` when the assistant is a DSpark drafter and defers to the
 class's own method otherwise, so no other model (or call) changes behaviour.
+
+Scheduler settings are ordinary GenerationConfig fields. They come from the
+GenerationConfig or kwargs passed to generate() when set there, else from
+`drafter.generation_config`:
+
+* `dspark_scheduler`: "threshold" (default) cuts at the first confidence below
+  `assistant_confidence_threshold`; "cost" also weighs expected tokens against the
+  device's cost table and skips drafting when it does not pay (see scheduling.py).
+  Being a custom field, it cannot be a generate() kwarg; set it on a GenerationConfig.
+* `assistant_confidence_threshold`, `num_assistant_tokens`: as in transformers.
+
+When the drafter has STS temperatures (`drafter.calibration`), both schedulers
+read calibrated confidences; the trace keeps the raw ones.
 """
 
 from __future__ import annotations
@@ -18,12 +31,21 @@ from transformers import GenerationConfig
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from .config import DSparkConfig
+from .costs import CostTable, profile_costs
 from .modeling import ContextCache, DraftBlock
 from .sampling import DraftTokenChooser
-from .scheduling import DEFAULT_CONFIDENCE_THRESHOLD, threshold_length
+from .scheduling import (
+    COST_SCHEDULER,
+    DEFAULT_CONFIDENCE_THRESHOLD,
+    SCHEDULERS,
+    THRESHOLD_SCHEDULER,
+    DraftingGate,
+    cost_aware_length,
+    threshold_length,
+)
 from .trace import RoundRecord
 
-SCHEDULER_FIELDS = ("assistant_confidence_threshold", "num_assistant_tokens")
+SCHEDULER_FIELDS = ("assistant_confidence_threshold", "num_assistant_tokens", "dspark_scheduler")
 
 
 def default_generation_config(config: DSparkConfig) -> GenerationConfig:
@@ -31,7 +53,13 @@ def default_generation_config(config: DSparkConfig) -> GenerationConfig:
     return GenerationConfig(
         assistant_confidence_threshold=DEFAULT_CONFIDENCE_THRESHOLD,
         num_assistant_tokens=config.num_draft_tokens,
+        dspark_scheduler=THRESHOLD_SCHEDULER,
     )
+
+
+def hidden_state_indices(config: DSparkConfig) -> list[int]:
+    """Where the drafter's target layers sit in `hidden_states`, whose entry 0 is the embedding output."""
+    return [i + 1 for i in config.target_layer_ids]
 
 
 def attach_to_target(target) -> None:
@@ -80,21 +108,41 @@ def scheduler_setting(key: str, generation_config: GenerationConfig, drafter) ->
     return getattr(drafter.generation_config, key)
 
 
+def scheduler_name(generation_config: GenerationConfig, drafter) -> str:
+    name = scheduler_setting("dspark_scheduler", generation_config, drafter)
+    if name not in SCHEDULERS:
+        raise ValueError(f"dspark_scheduler is {name!r}; expected one of {list(SCHEDULERS)}.")
+    return name
+
+
+def cost_table(drafter) -> CostTable:
+    """`drafter.cost_table` when set (or injected), else the profiled one for this device."""
+    table = drafter.cost_table or profile_costs(drafter)
+    needed = drafter.config.num_draft_tokens + 1
+    if len(table.verify_seconds) < needed:
+        raise ValueError(
+            f"The cost table has verify times for 1..{len(table.verify_seconds)} tokens; "
+            f"this drafter needs 1..{needed}."
+        )
+    return table
+
+
 class DSparkCandidateGenerator(CandidateGenerator):
     """Drafts one DSpark block per round from the target's hidden states at `target_layer_ids`.
 
     Round r: the hidden states the target just produced for committed tokens extend
     the draft context cache; the drafter proposes a block after the anchor (the
-    target's last token); the threshold scheduler keeps a prefix; transformers
-    verifies it. Every round is appended to `drafter.last_trace`.
+    target's last token); the scheduler keeps a prefix; transformers verifies it.
+    With the cost scheduler a round may skip drafting and send no candidates; the
+    context cache still grows, so drafting can resume. Every round, skipped or
+    not, is appended to `drafter.last_trace`.
     """
 
     requires_model_outputs = True
 
     def __init__(self, drafter, generation_config: GenerationConfig, logits_processor=None):
         self.drafter = drafter
-        layer_ids = drafter.config.target_layer_ids
-        self.hidden_indices = [i + 1 for i in layer_ids]
+        self.hidden_indices = hidden_state_indices(drafter.config)
         # Ask the target for the layers we read only, unless the caller wants them all returned anyway.
         wanted = True if generation_config.output_hidden_states else self.hidden_indices
         self.model_kwargs_overrides = {"output_hidden_states": wanted}
@@ -103,6 +151,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.max_length = generation_config.max_length
         self.threshold = float(scheduler_setting("assistant_confidence_threshold", generation_config, drafter) or 0.0)
         self.cap = int(scheduler_setting("num_assistant_tokens", generation_config, drafter))
+        self.calibration = drafter.calibration
+        use_costs = scheduler_name(generation_config, drafter) == COST_SCHEDULER
+        self.gate = DraftingGate(cost_table(drafter)) if use_costs else None
         self.cache = ContextCache()
         self.context_tokens = 0  # sequence positions whose target hidden states are in the cache
         self.pending: Optional[dict] = None
@@ -132,10 +183,10 @@ class DSparkCandidateGenerator(CandidateGenerator):
         budget = min(self.cap, self.max_length - input_ids.shape[1] - 1)
         block: Optional[DraftBlock] = None
         num_verified = 0
-        if budget > 0:
+        if budget > 0 and (self.gate is None or self.gate.should_draft()):
             chooser = DraftTokenChooser(input_ids, self.logits_processor, self.do_sample)
             block = self.drafter.draft(int(input_ids[0, -1]), len(self.cache), self.cache, chooser)
-            num_verified = threshold_length(block.confidences, self.threshold, len(block.draft_ids), budget)
+            num_verified = self._verify_length(block, budget)
         self.pending = {
             "position": input_ids.shape[1] - 1,
             "block": block,
@@ -147,6 +198,16 @@ class DSparkCandidateGenerator(CandidateGenerator):
             return input_ids, None
         draft_ids = block.draft_ids[:num_verified].to(input_ids.device)[None]
         return torch.cat((input_ids, draft_ids), dim=-1), block.draft_logits[None, :num_verified]
+
+    def _verify_length(self, block: DraftBlock, budget: int) -> int:
+        """The threshold cut, then (cost scheduler) the expected-tokens-per-second walk within it."""
+        confidences = block.confidences
+        if confidences is not None and self.calibration is not None:
+            confidences = self.calibration.apply(confidences)
+        length = threshold_length(confidences, self.threshold, len(block.draft_ids), budget)
+        if self.gate is not None:
+            length = cost_aware_length(confidences, self.gate.costs, length)
+        return length
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         if self.pending is None:  # the prefill round drafts nothing
@@ -164,5 +225,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
             verify_seconds=time.perf_counter() - pending["verify_started"],
         )
         self.trace.append(record)
+        if self.gate is not None:
+            self.gate.record(block is not None, record.num_verified, len(record.committed_ids))
         if self.drafter.on_round is not None:
             self.drafter.on_round(record)

@@ -15,10 +15,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from .calibration import CALIBRATION_FILE, load_calibration
 from .config import CheckpointError, DSparkConfig
 
 SHARED_KEYS = ("embed_tokens.weight", "lm_head.weight")
-CHECKPOINT_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json"]
+CHECKPOINT_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json", CALIBRATION_FILE]
 
 
 def resolve_checkpoint(name_or_path, *, revision=None, token=None, cache_dir=None, local_files_only=False) -> Path:
@@ -194,6 +195,7 @@ def load_drafter(
     dtype = dtype or target.get_input_embeddings().weight.dtype
     drafter.to(device=placement(target), dtype=dtype).eval()
     drafter.name_or_path = str(name_or_path)
+    drafter.calibration = load_calibration(directory, config.num_draft_tokens)  # STS temperatures, if calibrated
     return drafter
 
 

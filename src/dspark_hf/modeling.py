@@ -222,6 +222,8 @@ class DSparkDrafter(nn.Module):
         self.generation_config = default_generation_config(config)
         self.last_trace: list = []  # one RoundRecord per drafting round of the latest generate() call
         self.on_round: Optional[Callable] = None  # called with each RoundRecord as soon as its round ends
+        self.calibration = None  # STS temperatures, read from dspark_calibration.json when the checkpoint has one
+        self.cost_table = None  # verify/draft timings for the "cost" scheduler: profiled on first use, or assigned
         attach_to_target(target)
 
     # ---------------------------------------------------------- shared modules
@@ -310,6 +312,12 @@ class DSparkDrafter(nn.Module):
             prev = torch.tensor([token], device=self.device)
         confidences = torch.sigmoid(torch.cat(confidence_logits).float()) if confidence_logits else None
         return DraftBlock(torch.tensor(draft_ids), torch.stack(draft_logits), confidences)
+
+    def profile_costs(self, refresh: bool = False):
+        """Time target verification and one drafting pass on this device (cached on disk); see dspark_hf.costs."""
+        from .costs import profile_costs
+
+        return profile_costs(self, refresh=refresh)
 
     def generate(self, *args, **kwargs):
         raise TypeError(

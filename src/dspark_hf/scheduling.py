@@ -60,11 +60,12 @@ def cost_aware_length(confidences: Optional[torch.Tensor], costs: CostTable, cap
 class DraftingGate:
     """Whether the next round should draft at all, judged from past rounds only.
 
-    Drafting pays when recent drafted rounds committed more tokens per second than
-    plain decoding does (one token per T_verify(1)). Rounds are priced with the
-    cost table rather than the wall clock so the choice is reproducible. While
-    drafting does not pay, rounds skip the draft pass; every `probe_every` skipped
-    rounds one round drafts anyway, so the gate notices when drafting pays again.
+    Drafting pays when recent drafted rounds committed at least as many tokens per
+    second as plain decoding does (one token per T_verify(1)); the first round
+    always drafts. Rounds are priced with the cost table rather than the wall clock
+    so the choice is reproducible. While drafting does not pay, rounds skip the
+    draft pass; every `probe_every` skipped rounds one round drafts anyway, so the
+    gate notices when drafting pays again.
     """
 
     def __init__(self, costs: CostTable, window: int = 4, probe_every: int = 8):
@@ -78,9 +79,9 @@ class DraftingGate:
         return sum(tokens for tokens, _ in self.recent) / sum(seconds for _, seconds in self.recent)
 
     def should_draft(self) -> bool:
-        if len(self.recent) < self.recent.maxlen or self.skipped_in_a_row >= self.probe_every:
+        if not self.recent or self.skipped_in_a_row >= self.probe_every:
             return True
-        return self.drafting_rate() > 1.0 / self.costs.verify(1)
+        return self.drafting_rate() >= 1.0 / self.costs.verify(1)
 
     def record(self, drafted: bool, num_verified: int, num_committed: int) -> None:
         if drafted:

@@ -1,0 +1,389 @@
+"""Sequential Temperature Scaling (STS) of draft confidences, and the `dspark calibrate` command.
+
+A drafter's raw confidences c_k are over-confident, and the cost-aware scheduler
+multiplies them into prefix survival chances a_k = prod_{i<=k} c_i, so errors
+compound along the block. STS gives every position its own temperature,
+c'_k = sigmoid(logit(c_k) / T_k), fitted left to right: T_k is the grid value
+whose cumulative product prod_{i<=k} c'_i (earlier positions already calibrated)
+has the lowest ECE against the observed prefix survival. A positive temperature
+keeps the order of confidences at each position.
+
+The fit runs on rounds of greedy generation that verify the whole block, so every
+position up to the verified length has an observed outcome. The result is written
+to `dspark_calibration.json` next to the drafter, where `from_pretrained` finds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from .config import CheckpointError
+
+CALIBRATION_FILE = "dspark_calibration.json"
+REPORT_FILE = "dspark_calibration.md"
+DIAGRAM_FILE = "dspark_calibration.png"
+DEFAULT_BINS = 10
+# Temperatures 0.05 .. 20 in steps of 10^0.01 (about 2.3%); index 130 is exactly 1.
+TEMPERATURE_GRID = 10 ** (torch.arange(-130, 131, dtype=torch.float64) / 100)
+
+
+# ---------------------------------------------------------------- the math
+def apply_temperatures(confidences: torch.Tensor, temperatures: Sequence[float]) -> torch.Tensor:
+    """c'_k = sigmoid(logit(c_k) / T_k) along the last axis; positions past the list keep c_k."""
+    count = min(confidences.shape[-1], len(temperatures))
+    scale = torch.tensor(list(temperatures[:count]), dtype=confidences.dtype, device=confidences.device)
+    calibrated = confidences.clone()
+    calibrated[..., :count] = torch.sigmoid(torch.logit(confidences[..., :count]) / scale)
+    return calibrated
+
+
+def _bin_sums(predicted: torch.Tensor, outcomes: torch.Tensor, num_bins: int):
+    """Per equal-width bin of `predicted`: count, sum of predictions, sum of outcomes."""
+    predicted = predicted.double()
+    bins = (predicted * num_bins).long().clamp(0, num_bins - 1)
+    count = torch.bincount(bins, minlength=num_bins)
+    predicted_sum = torch.bincount(bins, weights=predicted, minlength=num_bins)
+    outcome_sum = torch.bincount(bins, weights=outcomes.double(), minlength=num_bins)
+    return count, predicted_sum, outcome_sum
+
+
+def expected_calibration_error(predicted: torch.Tensor, outcomes: torch.Tensor, num_bins: int = DEFAULT_BINS) -> float:
+    """sum_b (n_b / N) |mean prediction - outcome rate| over equal-width bins of [0, 1]."""
+    _, predicted_sum, outcome_sum = _bin_sums(predicted, outcomes, num_bins)
+    return float((predicted_sum - outcome_sum).abs().sum() / len(predicted))
+
+
+def reliability_curve(predicted: torch.Tensor, outcomes: torch.Tensor, num_bins: int = DEFAULT_BINS):
+    """(mean prediction, outcome rate, count) of the non-empty bins: the points of a reliability diagram."""
+    count, predicted_sum, outcome_sum = _bin_sums(predicted, outcomes, num_bins)
+    filled = count > 0
+    return predicted_sum[filled] / count[filled], outcome_sum[filled] / count[filled], count[filled]
+
+
+def rank_auc(scores: torch.Tensor, outcomes: torch.Tensor) -> Optional[float]:
+    """ROC AUC as the Mann-Whitney statistic (ties share their average rank); None with one class only."""
+    positives = outcomes.bool()
+    num_positive = int(positives.sum())
+    num_negative = len(outcomes) - num_positive
+    if num_positive == 0 or num_negative == 0:
+        return None
+    _, group, group_size = torch.unique(scores.double(), return_inverse=True, return_counts=True)
+    last_rank = group_size.cumsum(0).double()
+    ranks = (last_rank - (group_size - 1) / 2.0)[group]
+    return float((ranks[positives].sum() - num_positive * (num_positive + 1) / 2) / (num_positive * num_negative))
+
+
+@dataclasses.dataclass
+class RoundOutcomes:
+    """Per round and draft position: the raw confidence, whether it was verified, whether its prefix survived."""
+
+    confidences: torch.Tensor  # [rounds, positions] raw c_k
+    observed: torch.Tensor  # [rounds, positions] bool: position k was sent to the target
+    survived: torch.Tensor  # [rounds, positions] bool: positions 1..k were all accepted
+
+    @classmethod
+    def from_trace(cls, records, num_positions: int) -> "RoundOutcomes":
+        """Rounds that drafted a full block with confidences; position k is observed when k <= num_verified."""
+        usable = [r for r in records if len(r.confidences) == num_positions]
+        positions = torch.arange(1, num_positions + 1)
+        verified = torch.tensor([r.num_verified for r in usable], dtype=torch.long)[:, None]
+        accepted = torch.tensor([r.num_accepted for r in usable], dtype=torch.long)[:, None]
+        return cls(
+            confidences=torch.tensor([r.confidences for r in usable], dtype=torch.float64).reshape(-1, num_positions),
+            observed=positions <= verified,
+            survived=positions <= accepted,
+        )
+
+    @property
+    def num_rounds(self) -> int:
+        return self.confidences.shape[0]
+
+    def position(self, survival: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Predicted prefix survival and the outcome at 0-based position k, on the rounds that observed it."""
+        rows = self.observed[:, k]
+        return survival[rows, k], self.survived[rows, k]
+
+
+def prefix_survival(confidences: torch.Tensor) -> torch.Tensor:
+    """a_k = prod_{i<=k} c_i: the chance that the first k draft tokens are all accepted."""
+    return torch.cumprod(confidences, dim=-1)
+
+
+def fit_temperatures(
+    outcomes: RoundOutcomes, grid: torch.Tensor = TEMPERATURE_GRID, num_bins: int = DEFAULT_BINS
+) -> list[float]:
+    """STS: for k = 1, 2, ... pick T_k minimising the ECE of prod_{i<=k} c'_i, earlier T_i fixed."""
+    temperatures: list[float] = []
+    calibrated_prefix = torch.ones(outcomes.num_rounds, dtype=torch.float64)
+    for k in range(outcomes.confidences.shape[1]):
+        rows = outcomes.observed[:, k]
+        logits = torch.logit(outcomes.confidences[:, k])
+        temperature = 1.0
+        if rows.any():
+            errors = [
+                expected_calibration_error(
+                    calibrated_prefix[rows] * torch.sigmoid(logits[rows] / candidate),
+                    outcomes.survived[rows, k],
+                    num_bins,
+                )
+                for candidate in grid.tolist()
+            ]
+            temperature = float(grid[min(range(len(errors)), key=errors.__getitem__)])
+        temperatures.append(temperature)
+        calibrated_prefix = calibrated_prefix * torch.sigmoid(logits / temperature)
+    return temperatures
+
+
+@dataclasses.dataclass
+class Calibration:
+    """Per-position STS temperatures and the held-out evidence they were fitted on."""
+
+    temperatures: list[float]  # all generation needs; the rest is the report
+    ece_before: list[Optional[float]] = dataclasses.field(default_factory=list)  # raw prod_{i<=k} c_i
+    ece_after: list[Optional[float]] = dataclasses.field(default_factory=list)  # calibrated prod_{i<=k} c'_i
+    auc_before: list[Optional[float]] = dataclasses.field(default_factory=list)
+    auc: list[Optional[float]] = dataclasses.field(default_factory=list)  # of the calibrated product the scheduler uses
+    rounds_per_position: list[int] = dataclasses.field(default_factory=list)  # rounds that verified position k
+    survival_rate: list[Optional[float]] = dataclasses.field(default_factory=list)  # share whose first k survived
+    num_rounds: int = 0
+    num_bins: int = DEFAULT_BINS
+    source: dict = dataclasses.field(default_factory=dict)
+
+    def apply(self, confidences: torch.Tensor) -> torch.Tensor:
+        return apply_temperatures(confidences, self.temperatures)
+
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps(dataclasses.asdict(self), indent=2))
+
+
+def calibrate(outcomes: RoundOutcomes, num_bins: int = DEFAULT_BINS, source: Optional[dict] = None) -> Calibration:
+    """Fit STS on `outcomes` and measure ECE and AUC per position before and after."""
+    temperatures = fit_temperatures(outcomes, num_bins=num_bins)
+    before = prefix_survival(outcomes.confidences)
+    after = prefix_survival(apply_temperatures(outcomes.confidences, temperatures))
+    report: dict[str, list] = {key: [] for key in ("ece_before", "ece_after", "auc_before", "auc", "survival_rate")}
+    counts = []
+    for k in range(len(temperatures)):
+        raw, survived = outcomes.position(before, k)
+        calibrated, _ = outcomes.position(after, k)
+        counts.append(len(survived))
+        seen = len(survived) > 0
+        report["ece_before"].append(expected_calibration_error(raw, survived, num_bins) if seen else None)
+        report["ece_after"].append(expected_calibration_error(calibrated, survived, num_bins) if seen else None)
+        report["auc_before"].append(rank_auc(raw, survived))
+        report["auc"].append(rank_auc(calibrated, survived))
+        report["survival_rate"].append(float(survived.double().mean()) if seen else None)
+    return Calibration(
+        temperatures=temperatures,
+        rounds_per_position=counts,
+        num_rounds=outcomes.num_rounds,
+        num_bins=num_bins,
+        source=source or {},
+        **report,
+    )
+
+
+def load_calibration(directory: Path, num_positions: int) -> Optional[Calibration]:
+    """The drafter directory's calibration file, or None when it has none."""
+    path = Path(directory) / CALIBRATION_FILE
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+        fields = {field.name for field in dataclasses.fields(Calibration)}
+        calibration = Calibration(**{key: value for key, value in raw.items() if key in fields})
+        temperatures = [float(t) for t in calibration.temperatures]
+    except (json.JSONDecodeError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{path}: not a valid calibration file ({err}).") from None
+    if len(temperatures) != num_positions or min(temperatures) <= 0:
+        raise CheckpointError(
+            f"{path}: field 'temperatures' must hold {num_positions} positive values (one per draft position); "
+            f"got {temperatures}. Run `dspark calibrate` again for this drafter."
+        )
+    calibration.temperatures = temperatures
+    return calibration
+
+
+# ------------------------------------------------------------ the report
+def _number(value: Optional[float], digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def report_table(calibration: Calibration) -> str:
+    """A markdown table: one row per draft position, before and after STS."""
+    lines = [
+        "| position | rounds | survival | T_k | ECE before | ECE after | AUC before | AUC after |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for k, temperature in enumerate(calibration.temperatures):
+        cells = [
+            str(k + 1),
+            str(calibration.rounds_per_position[k]),
+            _number(calibration.survival_rate[k]),
+            f"{temperature:.3f}",
+            _number(calibration.ece_before[k], 4),
+            _number(calibration.ece_after[k], 4),
+            _number(calibration.auc_before[k]),
+            _number(calibration.auc[k]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_reliability(outcomes: RoundOutcomes, calibration: Calibration, path: Path) -> None:
+    """One reliability diagram per draft position: prefix survival predicted vs observed, before and after."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {
+        "raw": prefix_survival(outcomes.confidences),
+        "STS": prefix_survival(calibration.apply(outcomes.confidences)),
+    }
+    count = len(calibration.temperatures)
+    columns = min(count, 4)
+    rows = -(-count // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.2 * rows), squeeze=False)
+    for k, axis in enumerate(axes.flat):
+        if k >= count:
+            axis.axis("off")
+            continue
+        axis.plot([0, 1], [0, 1], color="grey", linewidth=0.8, linestyle=":")
+        for label, survival in curves.items():
+            predicted, observed = outcomes.position(survival, k)
+            if len(observed):
+                mean_predicted, rate, _ = reliability_curve(predicted, observed, calibration.num_bins)
+                axis.plot(mean_predicted, rate, marker="o", markersize=3, label=label)
+        axis.set_title(
+            f"k={k + 1}  ECE {_number(calibration.ece_before[k])} -> {_number(calibration.ece_after[k])}", fontsize=9
+        )
+        axis.set_xlim(0, 1)
+        axis.set_ylim(0, 1)
+        if k == 0:
+            axis.legend(fontsize=8)
+    figure.supxlabel("predicted prefix survival  prod c_i")
+    figure.supylabel("observed prefix survival")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+# ------------------------------------------------------------ the command
+def collect_rounds(target, drafter, prompts_ids: list[list[int]], max_new_tokens: int) -> list:
+    """Greedy generation verifying the whole block; each prompt's last round is dropped.
+
+    The last round can be cut by EOS or max_length, and then transformers counts
+    an accepted draft token as the target's own, so its outcome is not a clean
+    observation.
+    """
+    from tqdm import tqdm
+    from transformers import GenerationConfig
+
+    settings = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        dspark_scheduler="threshold",
+        assistant_confidence_threshold=0.0,
+        num_assistant_tokens=drafter.config.num_draft_tokens,
+    )
+    records = []
+    for ids in tqdm(prompts_ids, desc="calibration rounds", file=sys.stderr):
+        prompt = torch.tensor([ids], device=target.device)
+        mask = torch.ones_like(prompt)
+        target.generate(prompt, attention_mask=mask, generation_config=settings, assistant_model=drafter)
+        records.extend(drafter.last_trace[:-1])
+    return records
+
+
+def _load_pair(args):
+    """(target, tokenizer, drafter, drafter directory or None); the shipped SmolLM2 pair by default."""
+    from .cli import DEFAULT_TARGET, load_target
+    from .default import load_default, shipped_drafter_path
+    from .modeling import DSparkDrafter
+
+    if args.target == DEFAULT_TARGET and args.drafter is None:
+        target, tokenizer, drafter = load_default()
+        directory = shipped_drafter_path()
+        if args.device:
+            target.to(args.device)
+            drafter.to(args.device)
+    else:
+        if args.drafter is None:
+            raise SystemExit("dspark calibrate: --drafter is required with a --target other than the default.")
+        target, tokenizer = load_target(args.target, device=args.device)
+        drafter = DSparkDrafter.from_pretrained(args.drafter, target)
+        directory = Path(args.drafter) if os.path.isdir(args.drafter) else None
+    return target, tokenizer, drafter, directory
+
+
+def run(args) -> None:
+    from .costs import cost_table_path, profile_costs
+    from .training.data import read_prompts, render_prompt
+
+    if not args.prompts and not args.profile_costs:
+        raise SystemExit("dspark calibrate: give --prompts to calibrate, --profile-costs to re-profile, or both.")
+    target, tokenizer, drafter, drafter_directory = _load_pair(args)
+    if args.profile_costs:
+        table = profile_costs(drafter, refresh=True)
+        print(json.dumps({"cost_table": str(cost_table_path(drafter)), **table.to_dict()}))
+    if not args.prompts:
+        return
+    out = Path(args.out) if args.out else drafter_directory
+    if out is None:
+        raise SystemExit("dspark calibrate: the drafter is not a local directory; pass --out DIR.")
+    if drafter.confidence_head is None:
+        raise SystemExit("dspark calibrate: this drafter has no confidence head, so there is nothing to calibrate.")
+
+    prompts = read_prompts(args.prompts)[args.skip :][: args.limit]
+    records = collect_rounds(target, drafter, [render_prompt(tokenizer, p) for p in prompts], args.max_new_tokens)
+    outcomes = RoundOutcomes.from_trace(records, drafter.config.num_draft_tokens)
+    if outcomes.num_rounds == 0:
+        raise SystemExit("dspark calibrate: generation produced no usable rounds; use more prompts or longer answers.")
+    source = {
+        "target": args.target,
+        "drafter": args.drafter or str(drafter_directory),
+        "prompts": list(args.prompts),
+        "skip": args.skip,
+        "num_prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "decoding": "greedy, whole block verified",
+    }
+    calibration = calibrate(outcomes, num_bins=args.bins, source=source)
+
+    out.mkdir(parents=True, exist_ok=True)
+    calibration.save(out / CALIBRATION_FILE)
+    table = report_table(calibration)
+    summary = f"{outcomes.num_rounds} rounds from {len(prompts)} prompts."
+    (out / REPORT_FILE).write_text(f"# STS calibration\n\n{summary}\n\n{table}")
+    print(table)
+    try:
+        plot_reliability(outcomes, calibration, out / DIAGRAM_FILE)
+    except ImportError:
+        print("[dspark] no reliability diagram without matplotlib: pip install 'dspark_hf[calibrate]'", file=sys.stderr)
+    print(f"[dspark] wrote {out / CALIBRATION_FILE}", file=sys.stderr)
+
+
+def add_arguments(parser) -> None:
+    from .cli import DEFAULT_TARGET
+
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="Hub id or directory ('smollm2': offline default)")
+    parser.add_argument("--drafter", default=None, help="Hub id or directory; default: the shipped SmolLM2 drafter")
+    parser.add_argument("--prompts", nargs="+", help='held-out jsonl files of {"turns": [...]}')
+    parser.add_argument("--skip", type=int, default=0, help="leave out the first N prompts (e.g. those trained on)")
+    parser.add_argument("--limit", type=int, default=100, help="prompts to generate from")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--bins", type=int, default=DEFAULT_BINS, help="equal-width ECE bins")
+    parser.add_argument("--out", default=None, help="directory for the results; default: the drafter's own")
+    parser.add_argument("--device", default=None)
+    parser.add_argument(
+        "--profile-costs", action="store_true", help="measure the cost table for the 'cost' scheduler again"
+    )
+    parser.set_defaults(func=run)
