@@ -152,6 +152,9 @@ def test_prepare_method_generate_arguments():
     assert prepare_method("prompt-lookup", load_drafter, None).generate_kwargs == {"prompt_lookup_num_tokens": 7}
     assert prepare_method("prompt-lookup=3", load_drafter, None).generate_kwargs == {"prompt_lookup_num_tokens": 3}
     assert prepare_method("plain", load_drafter, None).generate_kwargs == {}
+    cost = prepare_method("dspark-cost", load_drafter, None)
+    assert cost.drafter is drafters["dspark"]
+    assert cost.generate_kwargs["generation_config"].dspark_scheduler == "cost"
 
 
 def test_command_line_options():

@@ -29,11 +29,12 @@ DEFAULT_PROMPT_LOOKUP_TOKENS = 7
 METHOD_VALUES = {
     "plain": "none",
     "dspark": "none",
+    "dspark-cost": "none",
     "dflash": "optional",
     "prompt-lookup": "optional",
     "assistant": "required",
 }
-METHOD_HELP = "plain, dspark, dspark@T, dflash[=DIR], prompt-lookup[=N], assistant=MODEL"
+METHOD_HELP = "plain, dspark, dspark@T, dspark-cost, dflash[=DIR], prompt-lookup[=N], assistant=MODEL"
 TRACE_FIELDS = (
     "rounds", "tau", "acceptance_per_position", "verify_rate", "draft_seconds", "verify_seconds", "draft_share"
 )
@@ -192,6 +193,12 @@ def prepare_method(label: str, load_drafter: Callable, target, tokenizer=None) -
     kind, value = parse_method(label)
     if kind == "plain":
         return Method(label, {})
+    if kind == "dspark-cost":  # the hardware-aware scheduler, profiled for this device on first use
+        from transformers import GenerationConfig
+
+        drafter = load_drafter("dspark")
+        scheduler = GenerationConfig(dspark_scheduler="cost")
+        return Method(label, {"assistant_model": drafter, "generation_config": scheduler}, drafter)
     if kind in ("dspark", "dflash"):
         drafter = load_drafter("dspark") if kind == "dspark" else load_drafter("dflash", value)
         threshold = float(value) if kind == "dspark" and value else 0.0  # 0: verify the full block
