@@ -169,6 +169,10 @@ def sequence_loss(drafter: DSparkDrafter, ids: torch.Tensor, features, anchors, 
     return loss, terms
 
 
+def sequence_ids(record: dict, settings: TrainSettings) -> torch.Tensor:
+    return torch.tensor(record["prompt_ids"] + record["response_ids"])[: settings.max_tokens]
+
+
 def sample_anchors(prompt_length: int, length: int, count: int, generator: torch.Generator) -> Optional[torch.Tensor]:
     """Anchors are response tokens with at least one token after them, as at inference."""
     candidates = torch.arange(prompt_length, length - 1)
@@ -236,29 +240,28 @@ def train(
         param.requires_grad_(False)
     target.eval()
 
+    records = [s for s in sequences if len(s["response_ids"]) >= 2]
+    if not records:
+        raise ValueError("No training sequence has a response of at least 2 tokens.")
     checkpoint = out_dir / CHECKPOINT_DIR
-    start_step = 0
+    start_step, state = 0, None
     if resume and (checkpoint / STATE_FILE).is_file():
         state = torch.load(checkpoint / STATE_FILE)
         drafter = DSparkDrafter.from_pretrained(checkpoint, target, dtype=torch.float32)
         start_step, arch = state["step"], state["arch"]
+    elif config is None:
+        raise ValueError(f"No checkpoint to resume in {checkpoint}; pass a DSparkConfig to start a new run.")
     else:
-        if config is None:
-            raise ValueError(f"No checkpoint to resume in {checkpoint}; pass a DSparkConfig to start a new run.")
-        state = None
         torch.manual_seed(settings.seed)  # the same settings always start from the same weights
         drafter = DSparkDrafter(config, target)
         init_from_target(drafter, target)
+    store = FeatureStore(target, drafter.config.target_layer_ids, Path(feature_cache) if feature_cache else None)
     drafter.to(device=device, dtype=torch.float32).train()
     dflash = arch == "dflash"
 
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
-    store = FeatureStore(target, drafter.config.target_layer_ids, Path(feature_cache) if feature_cache else None)
-    records = [s for s in sequences if len(s["response_ids"]) >= 2]
-    if not records:
-        raise ValueError("No training sequence has a response of at least 2 tokens.")
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
 
     log_path = out_dir / LOG_FILE
@@ -275,7 +278,7 @@ def train(
             for slot in range(settings.sequences_per_step):
                 index = sequence_order(step, slot, settings, len(records))
                 record = records[index]
-                ids = torch.tensor(record["prompt_ids"] + record["response_ids"])[: settings.max_tokens]
+                ids = sequence_ids(record, settings)
                 generator = torch.Generator().manual_seed(settings.seed * 7919 + step * 131 + slot)
                 anchors = sample_anchors(len(record["prompt_ids"]), len(ids), settings.anchors_per_sequence, generator)
                 if anchors is None:
