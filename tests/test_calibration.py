@@ -137,7 +137,6 @@ class CharacterTokenizer:
 
 
 def test_calibrate_command_writes_json_table_and_diagram(tmp_path, monkeypatch, capsys):
-    pytest.importorskip("matplotlib")
     monkeypatch.setenv("DSPARK_HF_CACHE", str(tmp_path / "cache"))
     target = tiny_target("qwen3")
     path = write_bigram_deepspec(target, tmp_path / "d", block_size=5)
