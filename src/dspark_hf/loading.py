@@ -52,13 +52,9 @@ def resolve_checkpoint(name_or_path, *, revision=None, token=None, cache_dir=Non
         ) from err
 
 
-def _target_text_config(target):
-    return target.config.get_text_config()
-
-
 def validate_against_target(config: DSparkConfig, target, source: str) -> None:
     """Reject a drafter whose shapes or layer ids cannot fit this target."""
-    text = _target_text_config(target)
+    text = target.config.get_text_config()
     embedding = target.get_input_embeddings().weight
     checks = [
         ("hidden_size", config.hidden_size, text.hidden_size),
@@ -168,7 +164,8 @@ def read_state_dict(directory: Path, expected: dict[str, torch.Size], target, ch
 
 
 def placement(target) -> torch.device:
-    """The device of the deepest target layer the drafter reads (targets spread by device_map work)."""
+    """The LM head's device: the drafter's logits go through it every round, and target features
+    from other devices of a `device_map` spread are moved here as they arrive."""
     return target.get_output_embeddings().weight.device
 
 
