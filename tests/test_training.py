@@ -7,10 +7,19 @@ import json
 import pytest
 import torch
 
-from conftest import MASK_ID, drafter_config, tiny_target
+from conftest import MASK_ID, VOCAB, drafter_config, tiny_target
 from dspark_hf import DSparkDrafter, summarize
 from dspark_hf.training import trainer as trainer_module
-from dspark_hf.training.trainer import TrainSettings, block_attention_mask, train
+from dspark_hf.training.trainer import (
+    FeatureStore,
+    TrainSettings,
+    block_attention_mask,
+    response_vocabulary,
+    sample_anchors,
+    sequence_ids,
+    sequence_loss,
+    train,
+)
 
 
 def regenerated(target, count=40, new_tokens=40, seed=0):
@@ -38,8 +47,8 @@ def measured_tau(target, drafter, seed=99):
 SETTINGS = dict(sequences_per_step=4, anchors_per_sequence=8, learning_rate=3e-3, warmup_steps=5, log_every=5)
 
 
-@pytest.mark.parametrize("arch", ["dspark", "dflash"])
-def test_training_raises_tau_in_real_generate(arch, tmp_path):
+@pytest.mark.parametrize("arch, loss_vocab", [("dspark", "full"), ("dflash", "full"), ("dspark", "responses")])
+def test_training_raises_tau_in_real_generate(arch, loss_vocab, tmp_path):
     target = tiny_target("qwen3", seed=2)
     data = regenerated(target)
     fields = dict(block_size=4, target_layer_ids=[0, 2])
@@ -49,8 +58,8 @@ def test_training_raises_tau_in_real_generate(arch, tmp_path):
     before = train(target, data, tmp_path / "before", config=config, settings=TrainSettings(max_steps=0, **SETTINGS),
                    arch=arch, progress=False)
     tau_before = measured_tau(target, before)
-    train(target, data, tmp_path / "after", config=config, settings=TrainSettings(max_steps=150, **SETTINGS),
-          arch=arch, progress=False)
+    settings = TrainSettings(max_steps=150, loss_vocab=loss_vocab, **SETTINGS)
+    train(target, data, tmp_path / "after", config=config, settings=settings, arch=arch, progress=False)
     after = DSparkDrafter.from_pretrained(tmp_path / "after", target)  # the written checkpoint round-trips
     tau_after = measured_tau(target, after)
     print(f"{arch}: tau {tau_before:.2f} -> {tau_after:.2f}")
@@ -87,6 +96,36 @@ def test_interrupted_training_resumes_without_losing_steps(tmp_path, monkeypatch
     resumed = train(target, data, tmp_path / "resumed", settings=settings, resume=True, progress=False)
     for key, value in straight.state_dict().items():
         torch.testing.assert_close(resumed.state_dict()[key], value, rtol=1e-5, atol=1e-6)
+
+
+def test_response_vocabulary_maps_every_answer_token():
+    records = [{"prompt_ids": [1, 2], "response_ids": [7, 3, 7]}, {"prompt_ids": [9], "response_ids": [5]}]
+    token_ids, index = response_vocabulary(records, VOCAB)
+    assert token_ids.tolist() == [3, 5, 7]
+    assert index[token_ids].tolist() == [0, 1, 2]
+    assert (index >= 0).sum() == 3  # prompt-only tokens (1, 2, 9) stay off the shortlist
+
+
+def test_shortlist_loss_equals_full_loss_when_it_covers_the_vocabulary():
+    """Scoring through a shuffled shortlist of every token must give the full-vocabulary loss:
+    logits, Markov bias, target probabilities and labels are all re-indexed the same way."""
+    target = tiny_target("qwen3", seed=3)
+    config = drafter_config(target, block_size=4, target_layer_ids=[0, 2])
+    torch.manual_seed(0)
+    drafter = DSparkDrafter(config, target)
+    record = regenerated(target, count=1, new_tokens=30)[0]
+    settings = TrainSettings()
+    ids = sequence_ids(record, settings)
+    anchors = sample_anchors(len(record["prompt_ids"]), len(ids), 8, torch.Generator().manual_seed(0))
+    features = FeatureStore(target, config.target_layer_ids).get(0, ids)
+    token_ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(1))
+    index = torch.empty_like(token_ids)
+    index[token_ids] = torch.arange(VOCAB)
+    full_loss, full_terms = sequence_loss(drafter, ids, features, anchors, settings, False)
+    short_loss, short_terms = sequence_loss(drafter, ids, features, anchors, settings, False, (token_ids, index))
+    torch.testing.assert_close(short_loss, full_loss)
+    for name, value in full_terms.items():
+        torch.testing.assert_close(short_terms[name], value)
 
 
 def test_block_attention_mask():

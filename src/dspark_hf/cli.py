@@ -110,6 +110,8 @@ def cmd_train(args) -> None:
         anchors_per_sequence=args.anchors,
         max_tokens=args.max_tokens,
         learning_rate=args.lr,
+        warmup_steps=args.warmup_steps,
+        loss_vocab=args.loss_vocab,
         save_every=args.save_every,
         seed=args.seed,
     )
@@ -162,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--anchors", type=int, default=32, help="anchors (blocks) per sequence")
     tr.add_argument("--max-tokens", type=int, default=768, help="tokens per training sequence")
     tr.add_argument("--lr", type=float, default=6e-4)
+    tr.add_argument("--warmup-steps", type=int, default=50)
+    tr.add_argument(
+        "--loss-vocab",
+        choices=["full", "responses"],
+        default="full",
+        help="'responses': the loss scores only tokens seen in the training answers (several times cheaper on CPU)",
+    )
     tr.add_argument("--save-every", type=int, default=100)
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--max-prompts", type=int, default=None)

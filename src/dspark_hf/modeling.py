@@ -143,20 +143,24 @@ class MarkovHead(nn.Module):
         elif self.kind == "rnn":
             self.joint_proj = nn.Linear(2 * rank + d, 3 * rank)
 
-    def forward(self, hidden, prev_ids, state=None):
-        """Returns (bias over the vocabulary, previous-token feature W1[x], next recurrent state)."""
+    def forward(self, hidden, prev_ids, state=None, token_ids=None):
+        """Returns (bias over the vocabulary, previous-token feature W1[x], next recurrent state).
+
+        `token_ids` restricts the bias to those tokens (training on a shortlist)."""
         prev_feature = self.markov_w1(prev_ids)
         if self.kind == "vanilla":
-            return self.markov_w2(prev_feature), prev_feature, None
-        if self.kind == "gated":
-            gate = torch.sigmoid(self.gate_proj(torch.cat((hidden, prev_feature), dim=-1)))
-            return self.markov_w2(gate * prev_feature), prev_feature, None
-        if state is None:
-            state = torch.zeros_like(prev_feature)
-        gate, candidate, output = self.joint_proj(torch.cat((state, prev_feature, hidden), dim=-1)).chunk(3, dim=-1)
-        keep = torch.sigmoid(gate)
-        state = keep * state + (1 - keep) * torch.tanh(candidate)
-        return self.markov_w2(torch.tanh(output)), prev_feature, state
+            mixed = prev_feature
+        elif self.kind == "gated":
+            mixed = torch.sigmoid(self.gate_proj(torch.cat((hidden, prev_feature), dim=-1))) * prev_feature
+        else:
+            if state is None:
+                state = torch.zeros_like(prev_feature)
+            gate, candidate, output = self.joint_proj(torch.cat((state, prev_feature, hidden), dim=-1)).chunk(3, dim=-1)
+            keep = torch.sigmoid(gate)
+            state = keep * state + (1 - keep) * torch.tanh(candidate)
+            mixed = torch.tanh(output)
+        weight = self.markov_w2.weight if token_ids is None else self.markov_w2.weight[token_ids]
+        return F.linear(mixed, weight), prev_feature, state
 
 
 @dataclasses.dataclass
@@ -247,9 +251,14 @@ class DSparkDrafter(nn.Module):
         weight = self.embed_tokens.weight
         return F.embedding(ids.to(weight.device), weight).to(self.device, self.dtype)
 
-    def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def vocab_logits(self, hidden: torch.Tensor, token_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits through the target's LM head; `token_ids` scores only those tokens (training on a shortlist)."""
         head = self.lm_head
-        return head(hidden.to(head.weight.device, head.weight.dtype)).to(self.device)
+        hidden = hidden.to(head.weight.device, head.weight.dtype)
+        if token_ids is None:
+            return head(hidden).to(self.device)
+        bias = None if head.bias is None else head.bias[token_ids]
+        return F.linear(hidden, head.weight[token_ids], bias).to(self.device)
 
     # ------------------------------------------------------------- the math
     def context_kv(self, layer_hidden: list[torch.Tensor], positions: torch.Tensor):
@@ -267,11 +276,11 @@ class DSparkDrafter(nn.Module):
             x = layer(x, cos, sin, kv, mask)
         return self.norm(x)
 
-    def head_step(self, hidden, prev_ids, state=None):
+    def head_step(self, hidden, prev_ids, state=None, token_ids=None):
         """One sequential step: (Markov bias or None, confidence logit or None, next state)."""
         bias, prev_feature = None, None
         if self.markov_head is not None:
-            bias, prev_feature, state = self.markov_head(hidden, prev_ids, state)
+            bias, prev_feature, state = self.markov_head(hidden, prev_ids, state, token_ids)
         confidence_logit = None
         if self.confidence_head is not None:
             features = hidden
