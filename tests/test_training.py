@@ -117,7 +117,7 @@ def test_shortlist_loss_equals_full_loss_when_it_covers_the_vocabulary():
     settings = TrainSettings()
     ids = sequence_ids(record, settings)
     anchors = sample_anchors(len(record["prompt_ids"]), len(ids), 8, torch.Generator().manual_seed(0))
-    features = FeatureStore(target, config.target_layer_ids).get(0, ids)
+    features = FeatureStore(target, config.target_layer_ids).get(ids)
     token_ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(1))
     index = torch.empty_like(token_ids)
     index[token_ids] = torch.arange(VOCAB)
@@ -140,3 +140,55 @@ def test_block_attention_mask():
         dtype=torch.bool,
     )
     assert torch.equal(mask, expected)
+
+
+def test_confidence_only_training_from_a_trained_drafter_moves_only_that_head(tmp_path):
+    target = tiny_target("qwen3", seed=5)
+    data = regenerated(target, count=12, new_tokens=24)
+    config = drafter_config(target, block_size=4, target_layer_ids=[0, 2])
+    trained = train(target, data, tmp_path / "base", config=config, settings=TrainSettings(max_steps=20, **SETTINGS),
+                    progress=False)
+    held_out = regenerated(target, count=12, new_tokens=24, seed=1)
+    settings = TrainSettings(max_steps=20, trainable="confidence", **SETTINGS)
+    tuned = train(target, held_out, tmp_path / "conf", settings=settings, init_from=tmp_path / "base", progress=False)
+    before, after = trained.state_dict(), tuned.state_dict()
+    assert before.keys() == after.keys()
+    for key, value in before.items():
+        if key.startswith("confidence_head."):
+            assert not torch.equal(after[key], value), key
+        else:
+            torch.testing.assert_close(after[key], value, rtol=0, atol=0)
+
+    def confidence_loss(drafter):
+        store, total = FeatureStore(target, config.target_layer_ids), 0.0
+        for i, record in enumerate(held_out):
+            ids = sequence_ids(record, settings)
+            anchors = sample_anchors(len(record["prompt_ids"]), len(ids), 8, torch.Generator().manual_seed(i))
+            with torch.no_grad():
+                total += sequence_loss(drafter, ids, store.get(ids), anchors, settings, False)[1]["conf"].item()
+        return total / len(held_out)
+
+    assert confidence_loss(tuned) < confidence_loss(trained)
+
+
+def test_confidence_only_training_needs_a_confidence_head(tmp_path):
+    target = tiny_target("qwen3", seed=5)
+    config = drafter_config(target, block_size=4, target_layer_ids=[0, 2], enable_confidence_head=False)
+    with pytest.raises(ValueError, match="confidence head"):
+        train(target, regenerated(target, count=2, new_tokens=8), tmp_path, config=config,
+              settings=TrainSettings(max_steps=1, trainable="confidence"), progress=False)
+
+
+def test_feature_cache_never_mixes_up_sequences(tmp_path):
+    """One cache directory shared by two datasets: every lookup returns its own sequence's features."""
+    target = tiny_target("qwen3", seed=6)
+    first, second = regenerated(target, count=2, new_tokens=10)
+    cached = FeatureStore(target, [0, 2], tmp_path)
+    fresh = FeatureStore(target, [0, 2])
+    for record in (first, second, first, second):  # the second pass reads from disk
+        ids = sequence_ids(record, TrainSettings())
+        got_layers, got_final = cached.get(ids)
+        want_layers, want_final = fresh.get(ids)
+        for got, want in zip([got_final, *got_layers], [want_final, *want_layers]):
+            torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)  # stored in bf16
+    assert len(list(tmp_path.glob("*.pt"))) == 2

@@ -112,6 +112,7 @@ def cmd_train(args) -> None:
         learning_rate=args.lr,
         warmup_steps=args.warmup_steps,
         loss_vocab=args.loss_vocab,
+        trainable=args.trainable,
         save_every=args.save_every,
         seed=args.seed,
     )
@@ -123,6 +124,7 @@ def cmd_train(args) -> None:
         settings=settings,
         arch=args.arch,
         resume=args.resume,
+        init_from=args.init_from,
         feature_cache=args.feature_cache,
         device=args.device,
     )
@@ -179,6 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--feature-cache", default=None, help="directory to keep target features between epochs")
     tr.add_argument("--device", default=None)
     tr.add_argument("--resume", action="store_true")
+    tr.add_argument("--init-from", default=None, help="start from this drafter's weights (new optimizer and schedule)")
+    tr.add_argument(
+        "--trainable",
+        choices=["all", "confidence"],
+        default="all",
+        help="'confidence': fit only the confidence head, e.g. on answers held out from the backbone's training",
+    )
     tr.add_argument("--include-shared-weights", action="store_true", help="also store embed_tokens/lm_head copies")
     tr.add_argument("--save-dtype", choices=["bf16", "fp32"], default="fp32")
     tr.set_defaults(func=cmd_train)

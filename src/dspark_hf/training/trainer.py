@@ -20,6 +20,7 @@ a CPU step, and a small model's answers use a few thousand distinct tokens out o
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -55,6 +56,7 @@ class TrainSettings:
     l1_weight: float = 0.9
     confidence_weight: float = 1.0
     loss_vocab: str = "full"  # "full", or "responses": the loss's softmaxes run over response tokens only
+    trainable: str = "all"  # "all", or "confidence": only the confidence head learns (the rest is frozen)
     save_every: int = 100
     log_every: int = 10
     seed: int = 0
@@ -92,15 +94,22 @@ def target_features(target, input_ids: torch.Tensor, layer_ids: list[int]):
 
 
 class FeatureStore:
-    """Per-sequence target features, computed on demand and kept on disk when a directory is given."""
+    """Per-sequence target features, computed on demand and kept on disk when a directory is given.
+
+    Files are named by a hash of the token ids and layer ids, so one directory can serve
+    several datasets and drafters without ever handing back another sequence's features.
+    """
 
     def __init__(self, target, layer_ids: list[int], directory: Optional[Path] = None):
         self.target, self.layer_ids, self.directory = target, layer_ids, directory
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
 
-    def get(self, index: int, ids: torch.Tensor):
-        path = self.directory / f"{index}.pt" if self.directory is not None else None
+    def get(self, ids: torch.Tensor):
+        path = None
+        if self.directory is not None:
+            key = hashlib.sha1(ids.numpy().tobytes() + repr(self.layer_ids).encode()).hexdigest()[:20]
+            path = self.directory / f"{key}.pt"
         if path is not None and path.is_file():
             stored = torch.load(path)
             return [h.float() for h in stored["layers"]], stored["final"].float()
@@ -244,6 +253,7 @@ def train(
     settings: Optional[TrainSettings] = None,
     arch: str = "dspark",
     resume: bool = False,
+    init_from: Optional[str | os.PathLike] = None,
     feature_cache: Optional[str | os.PathLike] = None,
     device: Optional[str] = None,
     progress: bool = True,
@@ -251,6 +261,9 @@ def train(
     """Train a drafter on `sequences` ({"prompt_ids", "response_ids"} records) and write it to `out_dir`.
 
     `config` is required for a fresh run; with `resume=True` it is read from the checkpoint.
+    `init_from` (a drafter directory or Hub id) starts from trained weights with a new
+    optimizer and schedule, e.g. to fit only the confidence head on answers the
+    backbone never saw (`TrainSettings.trainable="confidence"`).
     """
     settings = settings or TrainSettings()
     out_dir = Path(out_dir)
@@ -269,6 +282,8 @@ def train(
         state = torch.load(checkpoint / STATE_FILE)
         drafter = DSparkDrafter.from_pretrained(checkpoint, target, dtype=torch.float32)
         start_step, arch = state["step"], state["arch"]
+    elif init_from is not None:
+        drafter = DSparkDrafter.from_pretrained(init_from, target, dtype=torch.float32)
     elif config is None:
         raise ValueError(f"No checkpoint to resume in {checkpoint}; pass a DSparkConfig to start a new run.")
     else:
@@ -284,7 +299,15 @@ def train(
     drafter.to(device=device, dtype=torch.float32).train()
     dflash = arch == "dflash"
 
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
+    if settings.trainable not in ("all", "confidence"):
+        raise ValueError(f"TrainSettings.trainable must be 'all' or 'confidence', got {settings.trainable!r}.")
+    if settings.trainable == "confidence":
+        if drafter.confidence_head is None:
+            raise ValueError("trainable='confidence' needs a drafter with a confidence head (this one has none).")
+        for name, param in drafter.named_parameters():
+            param.requires_grad_(name.startswith("confidence_head."))
+    learned = [param for param in drafter.parameters() if param.requires_grad]
+    optimizer = torch.optim.AdamW(learned, lr=settings.learning_rate, weight_decay=settings.weight_decay)
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
@@ -308,13 +331,13 @@ def train(
                 anchors = sample_anchors(len(record["prompt_ids"]), len(ids), settings.anchors_per_sequence, generator)
                 if anchors is None:
                     continue
-                features = store.get(index, ids)
+                features = store.get(ids)
                 with autocast:
                     loss, terms = sequence_loss(drafter, ids, features, anchors, settings, dflash, shortlist)
                 (loss / settings.sequences_per_step).backward()
                 for name, value in terms.items():
                     window.setdefault(name, []).append(value.item())
-            torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(learned, 1.0)
             optimizer.step()
             completed = step + 1
             if window and (completed % settings.log_every == 0 or completed == settings.max_steps):
