@@ -47,5 +47,5 @@ def test_default_pair_is_lossless_and_fast_enough(default_pair):
         assert produced.tolist() == expected.tolist()
         taus.append(summarize(drafter.last_trace).tau)
     print("tau per prompt:", [round(t, 2) for t in taus])
-    # The shipped drafter measured 1.57 / 1.96 / 1.09 here; an untrained one gives 1.0.
-    assert sum(taus) / len(taus) >= 1.35
+    # The shipped drafter measured 1.57 / 2.47 / 1.15 here (mean 1.73); an untrained one gives 1.0.
+    assert sum(taus) / len(taus) >= 1.5
