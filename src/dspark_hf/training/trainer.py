@@ -61,6 +61,12 @@ class TrainSettings:
     log_every: int = 10
     seed: int = 0
 
+    def __post_init__(self):
+        if self.loss_vocab not in ("full", "responses"):
+            raise ValueError(f"TrainSettings.loss_vocab must be 'full' or 'responses', got {self.loss_vocab!r}.")
+        if self.trainable not in ("all", "confidence"):
+            raise ValueError(f"TrainSettings.trainable must be 'all' or 'confidence', got {self.trainable!r}.")
+
 
 def choose_mask_token(tokenizer, vocab_size: int) -> int:
     """A token the drafter can use as MASK: the tokenizer's own, else a padded-vocab slot, else unk, else the last id."""
@@ -141,7 +147,8 @@ def response_vocabulary(records: list[dict], vocab_size: int) -> tuple[torch.Ten
 
 
 def sequence_loss(drafter: DSparkDrafter, ids: torch.Tensor, features, anchors, settings, dflash, shortlist=None):
-    """Loss terms and the expected tau for the blocks of one sequence; `shortlist` is `response_vocabulary(...)`."""
+    """Loss terms and the expected tau for the blocks of one sequence; `shortlist` is `response_vocabulary(...)`
+    on the drafter's device."""
     layer_hidden, final_hidden = features
     device = drafter.device
     ids = ids.to(device)
@@ -164,8 +171,8 @@ def sequence_loss(drafter: DSparkDrafter, ids: torch.Tensor, features, anchors, 
 
     token_ids = None
     if shortlist is not None:
-        token_ids = shortlist[0].to(device)
-        labels = shortlist[1].to(device)[labels]  # labels are response tokens, so always on the shortlist
+        token_ids, shortlist_index = shortlist
+        labels = shortlist_index[labels]  # labels are response tokens, so always on the shortlist
     logits = drafter.vocab_logits(hidden, token_ids).float()
     confidence_logits, state = [], None
     biases = []
@@ -291,16 +298,13 @@ def train(
         drafter = DSparkDrafter(config, target)
         init_from_target(drafter, target)
     store = FeatureStore(target, drafter.config.target_layer_ids, Path(feature_cache) if feature_cache else None)
-    if settings.loss_vocab not in ("full", "responses"):
-        raise ValueError(f"TrainSettings.loss_vocab must be 'full' or 'responses', got {settings.loss_vocab!r}.")
     shortlist = None
     if settings.loss_vocab == "responses":
-        shortlist = response_vocabulary(records, target.get_output_embeddings().weight.shape[0])
+        vocab_size = target.get_output_embeddings().weight.shape[0]
+        shortlist = tuple(t.to(device) for t in response_vocabulary(records, vocab_size))
     drafter.to(device=device, dtype=torch.float32).train()
     dflash = arch == "dflash"
 
-    if settings.trainable not in ("all", "confidence"):
-        raise ValueError(f"TrainSettings.trainable must be 'all' or 'confidence', got {settings.trainable!r}.")
     if settings.trainable == "confidence":
         if drafter.confidence_head is None:
             raise ValueError("trainable='confidence' needs a drafter with a confidence head (this one has none).")
