@@ -2,10 +2,10 @@
 
 import argparse
 
-from dspark_hf import demo_app
+from dspark_hf.tools import demo
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="demo/app.py", description="DSpark Gradio demo: watch every drafting round")
-    demo_app.add_arguments(parser)
+    demo.add_arguments(parser)
     arguments = parser.parse_args()
     arguments.func(arguments)

@@ -16,9 +16,8 @@ import torch
 from tqdm.auto import tqdm
 
 from dspark_hf import DSparkDrafter, summarize
-from dspark_hf.default import shipped_drafter_path
-from dspark_hf.smollm2 import load_smollm2
-from dspark_hf.training.data import read_prompts, render_prompt
+from dspark_hf.tools.prompts import read_prompts, render_prompt
+from dspark_hf.tools.targets import load_smollm2, shipped_drafter_path
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--drafters", nargs="+", default=["dspark", "dflash"], help="'dspark'/'dflash' (shipped) or directories")
@@ -38,7 +37,7 @@ for kind in args.drafters:
         for prompt in tqdm(read_prompts([prompt_file], limit=args.limit), desc=f"{kind} {Path(prompt_file).stem}"):
             ids = torch.tensor([render_prompt(tokenizer, prompt)])
             target.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False, assistant_model=drafter,
-                            assistant_confidence_threshold=0.0)
+                            dspark_scheduler="threshold", assistant_confidence_threshold=0.0)
             rounds += drafter.last_trace
         summary = summarize(rounds)
         results.setdefault(Path(prompt_file).stem, {})[kind] = {

@@ -14,4 +14,4 @@ if [ ! -x /usr/bin/chromium ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
-.venv/bin/python -m dspark_hf.smollm2 >/dev/null
+.venv/bin/python -m dspark_hf.tools.targets >/dev/null

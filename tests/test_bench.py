@@ -10,7 +10,7 @@ import torch
 
 from conftest import MASK_ID, tiny_target, write_bigram_deepspec
 from dspark_hf import RoundRecord
-from dspark_hf.bench import (
+from dspark_hf.tools.bench import (
     Timing,
     add_arguments,
     benchmark,

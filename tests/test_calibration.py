@@ -11,7 +11,8 @@ import torch
 
 from conftest import tiny_target, write_bigram_deepspec
 from dspark_hf import CheckpointError, DSparkDrafter, RoundRecord
-from dspark_hf import calibration as sts
+from dspark_hf.core import calibration as sts
+from dspark_hf.tools import calibrate as calibrate_command
 from test_generation import prompts
 
 
@@ -142,14 +143,15 @@ def test_calibrate_command_writes_json_table_and_diagram(tmp_path, monkeypatch, 
     path = write_bigram_deepspec(target, tmp_path / "d", block_size=5)
     drafter = DSparkDrafter.from_pretrained(path, target)
     drafter.generation_config.dspark_scheduler = "cost"  # the command must still verify whole blocks
-    monkeypatch.setattr(sts, "_load_pair", lambda args: (target, CharacterTokenizer(), drafter, path))
+    monkeypatch.setattr(calibrate_command, "load_pair", lambda *args: (target, CharacterTokenizer(), drafter))
     prompt_file = tmp_path / "prompts.jsonl"
     prompt_file.write_text("".join(json.dumps({"turns": [f"question {i}: why?"]}) + "\n" for i in range(6)))
 
     parser = argparse.ArgumentParser()
-    sts.add_arguments(parser)
+    calibrate_command.add_arguments(parser)
     args = parser.parse_args(
-        ["--prompts", str(prompt_file), "--skip", "1", "--limit", "4", "--max-new-tokens", "30", "--profile-costs"]
+        ["--drafter", str(path), "--prompts", str(prompt_file), "--skip", "1", "--limit", "4", "--max-new-tokens", "30",
+         "--profile-costs"]
     )
     args.func(args)
 
@@ -157,8 +159,8 @@ def test_calibrate_command_writes_json_table_and_diagram(tmp_path, monkeypatch, 
     assert len(result["temperatures"]) == 5 and result["num_rounds"] > 10
     assert result["rounds_per_position"][0] == result["num_rounds"]  # whole blocks verified
     assert result["source"]["num_prompts"] == 4
-    table = (path / sts.REPORT_FILE).read_text()
+    table = (path / calibrate_command.REPORT_FILE).read_text()
     assert table.count("\n| ") == 2 + 5 and "ECE before" in capsys.readouterr().out  # header, rule, positions
-    assert (path / sts.DIAGRAM_FILE).stat().st_size > 1000
+    assert (path / calibrate_command.DIAGRAM_FILE).stat().st_size > 1000
     assert list((tmp_path / "cache" / "cost_tables").glob("*.json"))
     assert DSparkDrafter.from_pretrained(path, target).calibration.temperatures == result["temperatures"]

@@ -1,4 +1,4 @@
-"""Tests for dspark_hf.training.data with a tiny random Llama and a word-level tokenizer."""
+"""Tests for dspark_hf.tools.training.data with a tiny random Llama and a word-level tokenizer."""
 
 import json
 
@@ -7,13 +7,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from dspark_hf.training.data import (
-    load_sequences,
-    read_prompts,
-    regenerate,
-    render_prompt,
-    tokenize_texts,
-)
+from dspark_hf.tools.prompts import read_prompts, render_prompt
+from dspark_hf.tools.training.data import load_sequences, regenerate, tokenize_texts
 
 WORDS = ["<pad>", "<unk>", "user", "bot", "nothink"] + [f"w{i}" for i in range(27)]
 CHAT_TEMPLATE = (

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from dspark_hf import summarize
-from dspark_hf.default import load_default
-from dspark_hf.training.data import render_prompt
+from dspark_hf import load_default
+from dspark_hf.tools.prompts import render_prompt
 
 # Not from the dev sets: short prompts in the style the drafter was trained on.
 PROMPTS = [

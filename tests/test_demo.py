@@ -12,8 +12,8 @@ import torch
 
 from conftest import VOCAB, tiny_target, write_bigram_deepspec
 from dspark_hf import DSparkDrafter
-from dspark_hf.demo_app import DEFAULT_MAX_NEW_TOKENS, WORKER_THREAD_NAME, ShownToken, build_demo, tokens_html
-from dspark_hf.training.data import render_prompt
+from dspark_hf.tools.demo import DEFAULT_MAX_NEW_TOKENS, WORKER_THREAD_NAME, ShownToken, build_demo, tokens_html
+from dspark_hf.tools.prompts import render_prompt
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

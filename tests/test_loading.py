@@ -12,7 +12,9 @@ from safetensors.torch import load_file, save_file
 
 from conftest import MASK_ID, VOCAB, drafter_config, tiny_target, write_bigram_deepspec, write_deepspec, write_zlab
 from dspark_hf import CheckpointError, DSparkConfig, DSparkDrafter
-from dspark_hf.config import zlab_default_layer_ids
+from dspark_hf.core.config import zlab_default_layer_ids
+from dspark_hf.formats import deepspec, zlab
+from dspark_hf.formats.loader import read_config
 
 
 def count_vocab_tables(vocab: int, width: int) -> int:
@@ -31,7 +33,7 @@ def test_shares_embedding_and_lm_head_without_a_copy(tmp_path):
     gc.collect()
     assert count_vocab_tables(VOCAB, 32) == before
     assert drafter.embed_tokens is target.get_input_embeddings()
-    assert drafter.lm_head is target.get_output_embeddings()
+    assert drafter.target_lm_head is target.get_output_embeddings()
     assert not any(tuple(t.shape) == (VOCAB, 32) for t in drafter.state_dict().values())
 
 
@@ -63,7 +65,7 @@ def test_config_round_trips_through_the_deepspec_layout():
         dict(enable_confidence_head=False),
     ):
         config = drafter_config(target, **fields)
-        assert DSparkConfig.from_checkpoint_dict(config.to_deepspec_dict(target.config.to_dict())) == config
+        assert deepspec.read_config(deepspec.config_dict(config, target.config.to_dict()), "config.json") == config
 
 
 def test_zlab_defaults_and_convention(tmp_path):
@@ -72,7 +74,8 @@ def test_zlab_defaults_and_convention(tmp_path):
     raw = json.loads((path / "config.json").read_text())
     del raw["dflash_config"]["target_layer_ids"]
     (path / "config.json").write_text(json.dumps(raw))
-    config = DSparkConfig.from_json_file(path / "config.json")
+    config, layout = read_config(path / "config.json")
+    assert layout is zlab
     assert config.first_draft_index == 1 and config.num_draft_tokens == 5
     assert config.target_layer_ids == zlab_default_layer_ids(4, 1) == [2]
     assert zlab_default_layer_ids(36, 5) == [1, 9, 17, 25, 33]
@@ -101,7 +104,7 @@ def test_hub_repo_id_through_the_local_cache_offline(tmp_path, monkeypatch):
     DSparkDrafter.from_pretrained(repo_id, target, cache_dir=tmp_path / "hub")
 
 
-def test_hub_repo_missing_offline_is_a_clear_error(tmp_path):
+def test_hub_repo_missing_offline_is_a_clear_error(tmp_path, monkeypatch):
     target = tiny_target("llama")
     with pytest.raises(CheckpointError, match="Could not fetch draft checkpoint 'acme/not-cached'.*offline"):
         DSparkDrafter.from_pretrained("acme/not-cached", target, cache_dir=tmp_path, local_files_only=True)
@@ -109,7 +112,15 @@ def test_hub_repo_missing_offline_is_a_clear_error(tmp_path):
     with pytest.raises(CheckpointError, match="Could not fetch"):
         DSparkDrafter.from_pretrained("dspark-hf-tests/does-not-exist", target, cache_dir=tmp_path)
     with pytest.raises(CheckpointError, match="neither an existing local directory"):
-        DSparkDrafter.from_pretrained("not a/valid//id", target, cache_dir=tmp_path)
+        DSparkDrafter.from_pretrained("not a valid id!", target, cache_dir=tmp_path)
+    # a typo in a local path is called what it is, not sent to the Hub
+    (tmp_path / "runs").mkdir()
+    for typo in ("./runs/drafterr", str(tmp_path / "runs" / "drafterr"), "~/no/such/drafter", tmp_path / "nope"):
+        with pytest.raises(CheckpointError, match="drafterr: no such directory|drafter: no such directory|nope: no such"):
+            DSparkDrafter.from_pretrained(typo, target, cache_dir=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match=f"{tmp_path}/runs/drafterr: no such directory"):
+        DSparkDrafter.from_pretrained("runs/drafterr", target, cache_dir=tmp_path)
 
 
 def edit_config(path, **changes):
@@ -126,7 +137,8 @@ def edit_config(path, **changes):
     "changes,message",
     [
         (dict(architectures=["LlamaForCausalLM"]), r"'architectures' is \['LlamaForCausalLM'\]; expected"),
-        (dict(layer_types=["sliding_attention"]), r"'layer_types' contains \['sliding_attention'\]"),
+        (dict(layer_types=["chunked_attention"]), r"'layer_types' is \['chunked_attention'\]; expected 1 entries"),
+        (dict(layer_types=["sliding_attention"]), r"required field 'sliding_window' is missing"),
         (dict(markov_head_type="lstm"), r"'markov_head_type' is 'lstm'; expected one of"),
         (dict(num_target_layers=36), r"'num_target_layers' is 36 but the target .* has 4"),
         (dict(target_layer_ids=[0, 3]), r"names layer 3, the target's final layer"),

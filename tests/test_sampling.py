@@ -11,8 +11,8 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 
 from conftest import tiny_target, write_deepspec, write_zlab
 from dspark_hf import DSparkDrafter
-from dspark_hf.sampling import DraftTokenChooser, expected_accepted_length, total_variation
-from dspark_hf.scheduling import threshold_length
+from dspark_hf.core.sampling import DraftTokenChooser, expected_accepted_length, total_variation
+from dspark_hf.core.scheduling import threshold_length
 
 SMALL_VOCAB = 6
 
@@ -101,12 +101,9 @@ def test_chooser_returns_processed_logits_and_tracks_prefix():
     logits = torch.tensor([0.1, 2.0, 1.0, -1.0])
     chooser = DraftTokenChooser(torch.tensor([[3, 1]]), processors, do_sample=True)
     torch.manual_seed(0)
-    draws = []
-    for step in range(400):
-        token, processed = chooser(step, logits)
-        draws.append(token)
+    draws = [chooser(logits) for _ in range(400)]
     expected = processors(torch.tensor([[3, 1]]), logits[None].clone())[0]
-    torch.testing.assert_close(processed, expected)
+    torch.testing.assert_close(chooser.q_logits()[-1], expected)
     assert chooser.prefix_ids[0, :2].tolist() == [3, 1] and chooser.prefix_ids[0, 2:].tolist() == draws
     q = expected.softmax(-1)
     assert set(draws) <= {1, 2}  # top-k removed the rest
@@ -116,7 +113,8 @@ def test_chooser_returns_processed_logits_and_tracks_prefix():
 
 def test_greedy_chooser_takes_the_processed_argmax():
     chooser = DraftTokenChooser(torch.tensor([[0]]), None, do_sample=False)
-    assert chooser(0, torch.tensor([0.0, 3.0, 1.0]))[0] == 1
+    assert chooser(torch.tensor([0.0, 3.0, 1.0])) == 1
+    assert chooser.q_logits() is None  # greedy verification needs no q
 
 
 def test_threshold_cut_is_the_first_low_confidence():

@@ -10,11 +10,10 @@ from transformers import GenerationConfig
 
 from conftest import tiny_target, write_deepspec
 from dspark_hf import DSparkDrafter
-from dspark_hf.costs import CostTable, cost_table_path, profile_costs
-from dspark_hf.generation import hidden_state_indices
-from dspark_hf.modeling import ContextCache
-from dspark_hf.sampling import DraftTokenChooser
-from dspark_hf.scheduling import DraftingGate, cost_aware_length
+from dspark_hf.core.costs import cost_table_path, profile_costs
+from dspark_hf.core.modeling import ContextCache
+from dspark_hf.core.sampling import DraftTokenChooser
+from dspark_hf.core.scheduling import CostTable, DraftingGate, cost_aware_length
 from test_generation import assert_trace_matches_output, build, prompts
 from test_sampling import SMALL_VOCAB, chi_square, chi_square_critical, exact_joint
 
@@ -129,8 +128,8 @@ def fresh_draft(drafter, sequence: torch.Tensor, position: int):
     """The block the drafter proposes after `sequence[position]` from a context built in one target pass."""
     hidden = drafter.target(sequence[:, :position], output_hidden_states=True).hidden_states
     context = ContextCache()
-    layers = [hidden[i] for i in hidden_state_indices(drafter.config)]
-    context.append(drafter.context_kv(layers, torch.arange(position)[None]))
+    layers = [hidden[i] for i in drafter.config.hidden_state_indices]
+    context.append(drafter.context_kv(layers, torch.arange(position)[None]), torch.arange(position))
     chooser = DraftTokenChooser(sequence[:, : position + 1], None, do_sample=False)
     return drafter.draft(int(sequence[0, position]), position, context, chooser)
 
@@ -226,7 +225,7 @@ def test_profiled_once_then_read_from_disk(tmp_path, monkeypatch):
     assert drafter.cost_table.verify_seconds == tuple(stored["verify_seconds"])
     # a fresh drafter reads the file instead of measuring; refresh=True measures again
     again = build(target, tmp_path / "again", "bigram", block_size=4)
-    monkeypatch.setattr("dspark_hf.costs.measure_costs", lambda drafter: TABLES["flat"])
+    monkeypatch.setattr("dspark_hf.core.costs.measure_costs", lambda drafter: TABLES["flat"])
     assert profile_costs(again) == drafter.cost_table
     assert profile_costs(again, refresh=True) == TABLES["flat"] == again.cost_table
     # another dtype is another table

@@ -9,8 +9,8 @@ import torch
 
 from conftest import MASK_ID, VOCAB, drafter_config, tiny_target
 from dspark_hf import DSparkDrafter, summarize
-from dspark_hf.training import trainer as trainer_module
-from dspark_hf.training.trainer import (
+from dspark_hf.tools.training import trainer as trainer_module
+from dspark_hf.tools.training.trainer import (
     FeatureStore,
     TrainSettings,
     block_attention_mask,
@@ -55,8 +55,9 @@ def test_training_raises_tau_in_real_generate(arch, loss_vocab, tmp_path):
     if arch == "dflash":
         fields.update(markov_rank=0, enable_confidence_head=False)
     config = drafter_config(target, **fields)
-    before = train(target, data, tmp_path / "before", config=config, settings=TrainSettings(max_steps=0, **SETTINGS),
-                   arch=arch, progress=False)
+    train(target, data, tmp_path / "before", config=config, settings=TrainSettings(max_steps=0, **SETTINGS),
+          arch=arch, progress=False)
+    before = DSparkDrafter.from_pretrained(tmp_path / "before", target)
     tau_before = measured_tau(target, before)
     settings = TrainSettings(max_steps=150, loss_vocab=loss_vocab, **SETTINGS)
     train(target, data, tmp_path / "after", config=config, settings=settings, arch=arch, progress=False)

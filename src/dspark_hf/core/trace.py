@@ -19,16 +19,6 @@ class RoundRecord:
     draft_seconds: float
     verify_seconds: float
 
-    @property
-    def pruned_ids(self) -> list[int]:
-        """Proposed tokens the scheduler never sent."""
-        return self.draft_ids[self.num_verified :]
-
-    @property
-    def rejected_ids(self) -> list[int]:
-        """Verified draft tokens after the first rejection (the first of them was replaced)."""
-        return self.draft_ids[self.num_accepted : self.num_verified]
-
 
 @dataclasses.dataclass
 class TraceSummary:

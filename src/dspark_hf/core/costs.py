@@ -13,13 +13,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from .modeling import ContextCache
+from .sampling import DraftTokenChooser
+from .scheduling import CostTable
+
+CACHE_ENV_VAR = "DSPARK_HF_CACHE"
 
 # Long enough that attention over the context counts as it does mid-generation, short enough to profile fast.
 PROFILE_CONTEXT_TOKENS = 256
@@ -27,34 +35,14 @@ PROFILE_REPEATS = 5
 PROFILE_WARMUP = 2
 
 
-@dataclasses.dataclass(frozen=True)
-class CostTable:
-    """Seconds per drafting pass and per target forward of n = 1, 2, ... new tokens."""
-
-    draft_seconds: float
-    verify_seconds: tuple[float, ...]  # verify_seconds[n - 1] = T_verify(n)
-
-    def __post_init__(self):
-        object.__setattr__(self, "verify_seconds", tuple(float(s) for s in self.verify_seconds))
-        if not self.verify_seconds or min(self.verify_seconds) <= 0 or self.draft_seconds < 0:
-            raise ValueError(f"A cost table needs positive verify times and a non-negative draft time; got {self}.")
-
-    def verify(self, num_tokens: int) -> float:
-        """T_verify(num_tokens): the target reads the anchor plus num_tokens - 1 draft tokens."""
-        return self.verify_seconds[num_tokens - 1]
-
-    def drafted_round(self, num_verified: int) -> float:
-        """cost(l) = T_draft + T_verify(1 + l): a round that drafts and sends l tokens to the target."""
-        return self.draft_seconds + self.verify(1 + num_verified)
-
-    def to_dict(self) -> dict:
-        return {"draft_seconds": self.draft_seconds, "verify_seconds": list(self.verify_seconds)}
+def cache_root() -> Path:
+    """Where dspark_hf keeps what it measures or converts: `$DSPARK_HF_CACHE`, else `~/.cache/dspark_hf`."""
+    configured = os.environ.get(CACHE_ENV_VAR)
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "dspark_hf"
 
 
 def cache_directory() -> Path:
-    from .smollm2 import default_cache_dir
-
-    return default_cache_dir() / "cost_tables"
+    return cache_root() / "cost_tables"
 
 
 def _digest(value) -> str:
@@ -90,21 +78,24 @@ def cost_table_path(drafter) -> Path:
     return cache_directory() / f"{_digest(cost_table_key(drafter))}.json"
 
 
-def _synchronize() -> None:
-    if torch.accelerator.is_available():
-        torch.accelerator.synchronize()
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so that wall-clock times measure it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
-def median_seconds(run: Callable[[], object], repeats: int = PROFILE_REPEATS, warmup: int = PROFILE_WARMUP) -> float:
+def median_seconds(
+    run: Callable[[], object], device: torch.device, repeats: int = PROFILE_REPEATS, warmup: int = PROFILE_WARMUP
+) -> float:
     """Median wall time of `run()` after a few unmeasured calls (kernel selection, allocator warm-up)."""
     for _ in range(warmup):
         run()
     times = []
     for _ in range(repeats):
-        _synchronize()
+        synchronize(device)
         started = time.perf_counter()
         run()
-        _synchronize()
+        synchronize(device)
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 
@@ -112,10 +103,6 @@ def median_seconds(run: Callable[[], object], repeats: int = PROFILE_REPEATS, wa
 @torch.no_grad()
 def measure_costs(drafter, context_tokens: int = PROFILE_CONTEXT_TOKENS, repeats: int = PROFILE_REPEATS) -> CostTable:
     """Time the target's verify forwards and one drafting pass after a cached context of random tokens."""
-    from .generation import hidden_state_indices
-    from .modeling import ContextCache
-    from .sampling import DraftTokenChooser
-
     target = drafter.target
     config = drafter.config
     device = target.get_input_embeddings().weight.device
@@ -124,7 +111,7 @@ def measure_costs(drafter, context_tokens: int = PROFILE_CONTEXT_TOKENS, repeats
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, config.vocab_size, (1, context_tokens + longest), generator=generator).to(device)
     context_ids, new_ids = tokens[:, :context_tokens], tokens[:, context_tokens:]
-    layers = hidden_state_indices(config)
+    layers = config.hidden_state_indices
     prefill = target(context_ids, use_cache=True, output_hidden_states=layers)
     target_cache = prefill.cache
 
@@ -132,17 +119,19 @@ def measure_costs(drafter, context_tokens: int = PROFILE_CONTEXT_TOKENS, repeats
         target(new_ids[:, :num_tokens], cache=target_cache, output_hidden_states=layers)
         target_cache.crop(-num_tokens)
 
-    verify_seconds = [median_seconds(lambda n=n: verify(n), repeats) for n in range(1, longest + 1)]
+    verify_seconds = [median_seconds(lambda n=n: verify(n), device, repeats) for n in range(1, longest + 1)]
 
     draft_context = ContextCache()
-    positions = torch.arange(context_tokens)[None]
-    draft_context.append(drafter.context_kv([prefill.hidden_states[i] for i in layers], positions))
+    positions = torch.arange(context_tokens)
+    draft_context.append(drafter.context_kv([prefill.hidden_states[i] for i in layers], positions[None]), positions)
     anchor = int(new_ids[0, 0])
+    draft_ids = drafter.draft_token_ids()
 
     def draft() -> None:
-        drafter.draft(anchor, context_tokens, draft_context, DraftTokenChooser(context_ids, None, do_sample=False))
+        chooser = DraftTokenChooser(context_ids, None, False, config.vocab_size, draft_ids)
+        drafter.draft(anchor, context_tokens, draft_context, chooser)
 
-    return CostTable(median_seconds(draft, repeats), tuple(verify_seconds))
+    return CostTable(median_seconds(draft, drafter.device, repeats), tuple(verify_seconds))
 
 
 def profile_costs(drafter, refresh: bool = False) -> CostTable:
@@ -156,6 +145,12 @@ def profile_costs(drafter, refresh: bool = False) -> CostTable:
         stored = json.loads(path.read_text())
         table = CostTable(stored["draft_seconds"], tuple(stored["verify_seconds"]))
     else:
+        print(
+            f"[dspark_hf] profiling verify and draft costs on {_device_name(drafter.device)} for the cost scheduler "
+            f"(once; cached in {path.parent}) ...",
+            file=sys.stderr,
+            flush=True,
+        )
         table = measure_costs(drafter)
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {**table.to_dict(), "key": cost_table_key(drafter), "context_tokens": PROFILE_CONTEXT_TOKENS}

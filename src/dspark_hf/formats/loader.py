@@ -1,7 +1,11 @@
-"""Finding, checking and reading draft checkpoints; writing them back in DeepSpec layout.
+"""`DSparkDrafter`: the core drafter plus loading and saving in every published layout.
 
-Every rejection names the file, the field and both values, because the usual
-mistake is a drafter made for a different target.
+The layout modules translate config fields and tensor names; this module does the
+rest once for all of them: finding the checkpoint (a local directory, or a Hub repo
+id through huggingface_hub's cache), checking it against the target, sharing the
+target's embedding and LM head instead of loading copies, and naming the file, the
+field and the values in every error, because the usual mistake is a drafter made
+for a different target.
 """
 
 from __future__ import annotations
@@ -15,17 +19,37 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .calibration import CALIBRATION_FILE, load_calibration
-from .config import CheckpointError, DSparkConfig
+from ..core.calibration import CALIBRATION_FILE, load_calibration
+from ..core.config import CheckpointError, DSparkConfig
+from ..core.generation import attach_to_target
+from ..core.modeling import DraftModel
+from . import deepspec, zlab
 
+LAYOUTS = (deepspec, zlab)  # tried in this order; each recognises its own config.json
+LAYOUT_NAMES = {layout.NAME: layout for layout in LAYOUTS}
 SHARED_KEYS = ("embed_tokens.weight", "lm_head.weight")
 CHECKPOINT_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json", CALIBRATION_FILE]
 
 
+# ------------------------------------------------------------------ finding
+def looks_like_path(name_or_path) -> bool:
+    """Names a local path rather than a Hub repo id: './x', '/x', '~/x', 'a/b/c', or 'dir/x' with 'dir' present."""
+    text = str(name_or_path)
+    parent = os.path.dirname(text)
+    return (
+        isinstance(name_or_path, os.PathLike)
+        or text.startswith((".", "/", "~"))
+        or text.count("/") > 1
+        or (parent != "" and os.path.isdir(parent))
+    )
+
+
 def resolve_checkpoint(name_or_path, *, revision=None, token=None, cache_dir=None, local_files_only=False) -> Path:
     """A local directory as is; otherwise a Hub repo id, fetched through huggingface_hub's cache."""
-    if os.path.isdir(name_or_path):
-        return Path(name_or_path)
+    if os.path.isdir(os.path.expanduser(str(name_or_path))):
+        return Path(os.path.expanduser(str(name_or_path)))
+    if looks_like_path(name_or_path):
+        raise CheckpointError(f"{os.path.abspath(os.path.expanduser(str(name_or_path)))}: no such directory.")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError
 
@@ -46,10 +70,29 @@ def resolve_checkpoint(name_or_path, *, revision=None, token=None, cache_dir=Non
         ) from None
     except Exception as err:  # network, auth, missing repo: all end the same way for the user
         raise CheckpointError(
-            f"Could not fetch draft checkpoint {name_or_path!r} from the Hugging Face Hub ({type(err).__name__}: {err}). "
-            "If this machine is offline, download it elsewhere and pass the local directory, or make sure it is "
-            "already in the huggingface_hub cache (cache_dir / HF_HOME) and pass local_files_only=True."
+            f"Could not fetch draft checkpoint {name_or_path!r} from the Hugging Face Hub, and there is no local "
+            f"directory of that name ({type(err).__name__}: {err}). If this machine is offline, download it "
+            "elsewhere and pass the local directory, or make sure it is already in the huggingface_hub cache "
+            "(cache_dir / HF_HOME) and pass local_files_only=True."
         ) from err
+
+
+# ------------------------------------------------------------------ reading
+def read_config(path: Path, **options) -> tuple[DSparkConfig, object]:
+    """(config, layout module) of a checkpoint's config.json, whichever layout wrote it."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: config.json is missing; a draft checkpoint needs one.")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path}: not valid JSON ({err}).") from None
+    for layout in LAYOUTS:
+        if layout.matches(raw):
+            return layout.read_config(raw, str(path), **options), layout
+    raise CheckpointError(
+        f"{path}: field 'architectures' is {raw.get('architectures')!r}; expected a DSpark or DFlash draft "
+        f"checkpoint: {', '.join(f'{layout.ARCHITECTURE} ({layout.NAME})' for layout in LAYOUTS)}."
+    )
 
 
 def validate_against_target(config: DSparkConfig, target, source: str) -> None:
@@ -129,7 +172,7 @@ def _check_shared_copy(handle, key: str, path: Path, shared: torch.Tensor) -> No
 
 
 def read_state_dict(directory: Path, expected: dict[str, torch.Size], target, check_shared_weights: bool) -> dict:
-    """Read exactly the drafter's own tensors; skip (and optionally check) the embedding/LM-head copies."""
+    """Read exactly the drafter's own tensors; skip (and optionally check) copies of the target's V x d tables."""
     shared = {
         "embed_tokens.weight": target.get_input_embeddings().weight,
         "lm_head.weight": target.get_output_embeddings().weight,
@@ -138,7 +181,7 @@ def read_state_dict(directory: Path, expected: dict[str, torch.Size], target, ch
     for path in _weight_files(directory):
         with _open(path) as handle:
             for key in handle.keys():
-                if key in SHARED_KEYS:
+                if key in SHARED_KEYS and key not in expected:
                     if check_shared_weights:
                         _check_shared_copy(handle, key, path, shared[key])
                     continue
@@ -169,44 +212,72 @@ def placement(target) -> torch.device:
     return target.get_output_embeddings().weight.device
 
 
-def load_drafter(
-    cls,
-    name_or_path,
-    target,
-    *,
-    revision: Optional[str] = None,
-    token=None,
-    cache_dir=None,
-    local_files_only: bool = False,
-    dtype: Optional[torch.dtype] = None,
-    check_shared_weights: bool = True,
-):
-    directory = resolve_checkpoint(
-        name_or_path, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only
-    )
-    config = DSparkConfig.from_json_file(directory / "config.json")
-    validate_against_target(config, target, str(directory / "config.json"))
-    drafter = cls(config, target)
-    expected = {key: value.shape for key, value in drafter.state_dict().items()}
-    drafter.load_state_dict(read_state_dict(directory, expected, target, check_shared_weights))
-    dtype = dtype or target.get_input_embeddings().weight.dtype
-    drafter.to(device=placement(target), dtype=dtype).eval()
-    drafter.name_or_path = str(name_or_path)
-    drafter.calibration = load_calibration(directory, config.num_draft_tokens)  # STS temperatures, if calibrated
-    return drafter
+# ------------------------------------------------------------------ the public class
+class DSparkDrafter(DraftModel):
+    """A DSpark or DFlash drafter bound to the target whose embedding and LM head it shares.
 
+        drafter = DSparkDrafter.from_pretrained("deepseek-ai/dspark_qwen3_4b_block7", target)
+        target.generate(**inputs, assistant_model=drafter)
+    """
 
-def save_drafter(drafter, save_directory, *, include_shared_weights: bool = False, dtype=None) -> None:
-    """DeepSpec layout: config.json (target config + drafter fields) and model.safetensors without prefixes."""
-    directory = Path(save_directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    target_config = drafter.target.config.get_text_config().to_dict()
-    (directory / "config.json").write_text(json.dumps(drafter.config.to_deepspec_dict(target_config), indent=2))
-    dtype = dtype or drafter.dtype
-    tensors = {key: value.detach().to("cpu", dtype).contiguous() for key, value in drafter.state_dict().items()}
-    if include_shared_weights:
-        tensors["embed_tokens.weight"] = drafter.embed_tokens.weight.detach().to("cpu", dtype).clone()
-        tensors["lm_head.weight"] = drafter.lm_head.weight.detach().to("cpu", dtype).clone()
-    temporary = directory / "model.safetensors.tmp"
-    save_file(tensors, str(temporary), metadata={"format": "pt"})
-    os.replace(temporary, directory / "model.safetensors")
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path,
+        target,
+        *,
+        revision: Optional[str] = None,
+        token=None,
+        cache_dir=None,
+        local_files_only: bool = False,
+        dtype: Optional[torch.dtype] = None,
+        check_shared_weights: bool = True,
+    ) -> "DSparkDrafter":
+        """Load a drafter in any supported layout (Hub repo id or local directory) and attach it to `target`.
+
+        It takes the target's dtype unless `dtype` says otherwise, and sits on the device
+        of the target's LM head. `check_shared_weights=False` skips comparing stored
+        embedding / LM-head copies with the target's.
+        """
+        directory = resolve_checkpoint(
+            name_or_path, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only
+        )
+        config, layout = read_config(directory / "config.json")
+        validate_against_target(config, target, str(directory / "config.json"))
+        drafter = cls(config, target)
+        expected = {key: value.shape for key, value in drafter.state_dict().items()}
+        drafter.load_state_dict(read_state_dict(directory, expected, target, check_shared_weights))
+        drafter.to(device=placement(target), dtype=dtype or target.get_input_embeddings().weight.dtype).eval()
+        drafter.name_or_path = str(name_or_path)
+        drafter.calibration = load_calibration(directory, config.num_draft_tokens)  # STS temperatures, if calibrated
+        attach_to_target(target)
+        return drafter
+
+    def save_pretrained(
+        self, save_directory, *, format: str = "deepspec", include_shared_weights: bool = False, dtype=None
+    ) -> None:
+        """Write config.json and model.safetensors in a published layout (`format`: 'deepspec').
+
+        `include_shared_weights` adds copies of the target's embedding and LM head, which
+        DeepSpec's own loader expects; `dtype` casts the stored tensors.
+        """
+        layout = LAYOUT_NAMES.get(format)
+        if layout is None or not hasattr(layout, "config_dict"):
+            writable = [name for name, module in LAYOUT_NAMES.items() if hasattr(module, "config_dict")]
+            raise ValueError(f"format is {format!r}; expected one of {writable}.")
+        directory = Path(save_directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        target_config = self.target.config.get_text_config().to_dict()
+        (directory / "config.json").write_text(json.dumps(layout.config_dict(self.config, target_config), indent=2))
+        dtype = dtype or self.dtype
+        tensors = {
+            key: value.detach().to("cpu", dtype if value.is_floating_point() else value.dtype).contiguous()
+            for key, value in self.state_dict().items()
+        }
+        if include_shared_weights:
+            tensors["embed_tokens.weight"] = self.embed_tokens.weight.detach().to("cpu", dtype).clone()
+            if not self.config.pruned:
+                tensors["lm_head.weight"] = self.target_lm_head.weight.detach().to("cpu", dtype).clone()
+        temporary = directory / "model.safetensors.tmp"
+        save_file(tensors, str(temporary), metadata={"format": "pt"})
+        os.replace(temporary, directory / "model.safetensors")

@@ -10,11 +10,13 @@ does not pay. Deciding whether to draft from past rounds only obeys it trivially
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Optional
 
 import torch
+from transformers import GenerationConfig
 
-from .costs import CostTable
+from .config import DSparkConfig
 
 # Verify the whole block unless told otherwise: it maximises tau, it is the paper's
 # "scheduler off" setting, and on a GPU verifying 8 tokens costs about as much as 1.
@@ -24,6 +26,39 @@ DEFAULT_CONFIDENCE_THRESHOLD = 0.0
 THRESHOLD_SCHEDULER = "threshold"
 COST_SCHEDULER = "cost"
 SCHEDULERS = (THRESHOLD_SCHEDULER, COST_SCHEDULER)
+
+
+def default_generation_config(config: DSparkConfig) -> GenerationConfig:
+    """The drafter's own defaults for the scheduler fields, used when generate() does not set them."""
+    return GenerationConfig(
+        assistant_confidence_threshold=DEFAULT_CONFIDENCE_THRESHOLD,
+        num_assistant_tokens=config.num_draft_tokens,
+        dspark_scheduler=THRESHOLD_SCHEDULER,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class CostTable:
+    """Seconds per drafting pass and per target forward of n = 1, 2, ... new tokens (see dspark_hf.core.costs)."""
+
+    draft_seconds: float
+    verify_seconds: tuple[float, ...]  # verify_seconds[n - 1] = T_verify(n)
+
+    def __post_init__(self):
+        object.__setattr__(self, "verify_seconds", tuple(float(s) for s in self.verify_seconds))
+        if not self.verify_seconds or min(self.verify_seconds) <= 0 or self.draft_seconds < 0:
+            raise ValueError(f"A cost table needs positive verify times and a non-negative draft time; got {self}.")
+
+    def verify(self, num_tokens: int) -> float:
+        """T_verify(num_tokens): the target reads the anchor plus num_tokens - 1 draft tokens."""
+        return self.verify_seconds[num_tokens - 1]
+
+    def drafted_round(self, num_verified: int) -> float:
+        """cost(l) = T_draft + T_verify(1 + l): a round that drafts and sends l tokens to the target."""
+        return self.draft_seconds + self.verify(1 + num_verified)
+
+    def to_dict(self) -> dict:
+        return {"draft_seconds": self.draft_seconds, "verify_seconds": list(self.verify_seconds)}
 
 
 def threshold_length(confidences: Optional[torch.Tensor], threshold: float, num_drafted: int, cap: int) -> int:

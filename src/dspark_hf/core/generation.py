@@ -7,14 +7,12 @@ on that one target instance only, a `_get_candidate_generator` that returns a
 `DSparkCandidateGenerator` when the assistant is a DSpark drafter and defers to the
 class's own method otherwise, so no other model (or call) changes behaviour.
 
-Scheduler settings are ordinary GenerationConfig fields. They come from the
-GenerationConfig or kwargs passed to generate() when set there, else from
-`drafter.generation_config`:
+Scheduler settings are GenerationConfig fields. A value passed to generate() (as a
+kwarg or in a GenerationConfig) wins; otherwise `drafter.generation_config` decides:
 
-* `dspark_scheduler`: "threshold" (default) cuts at the first confidence below
+* `dspark_scheduler`: "threshold" cuts at the first confidence below
   `assistant_confidence_threshold`; "cost" also weighs expected tokens against the
   device's cost table and skips drafting when it does not pay (see scheduling.py).
-  Being a custom field, it cannot be a generate() kwarg; set it on a GenerationConfig.
 * `assistant_confidence_threshold`, `num_assistant_tokens`: as in transformers.
 
 When the drafter has STS temperatures (`drafter.calibration`), both schedulers
@@ -30,40 +28,17 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from .config import DSparkConfig
-from .costs import CostTable, profile_costs
-from .modeling import ContextCache, DraftBlock
+from .costs import profile_costs, synchronize
+from .modeling import ContextCache, DraftBlock, DraftModel
 from .sampling import DraftTokenChooser
-from .scheduling import (
-    COST_SCHEDULER,
-    DEFAULT_CONFIDENCE_THRESHOLD,
-    SCHEDULERS,
-    THRESHOLD_SCHEDULER,
-    DraftingGate,
-    cost_aware_length,
-    threshold_length,
-)
+from .scheduling import COST_SCHEDULER, SCHEDULERS, CostTable, DraftingGate, cost_aware_length, threshold_length
 from .trace import RoundRecord
 
 SCHEDULER_FIELDS = ("assistant_confidence_threshold", "num_assistant_tokens", "dspark_scheduler")
 
 
-def default_generation_config(config: DSparkConfig) -> GenerationConfig:
-    """The drafter's own defaults for the scheduler fields, used when generate() does not set them."""
-    return GenerationConfig(
-        assistant_confidence_threshold=DEFAULT_CONFIDENCE_THRESHOLD,
-        num_assistant_tokens=config.num_draft_tokens,
-        dspark_scheduler=THRESHOLD_SCHEDULER,
-    )
-
-
-def hidden_state_indices(config: DSparkConfig) -> list[int]:
-    """Where the drafter's target layers sit in `hidden_states`, whose entry 0 is the embedding output."""
-    return [i + 1 for i in config.target_layer_ids]
-
-
 def attach_to_target(target) -> None:
-    """Route `generate(assistant_model=<DSparkDrafter>)` on this target instance to DSpark drafting."""
+    """Route `generate(assistant_model=<DSpark drafter>)` on this target instance to DSpark drafting."""
     if "_get_candidate_generator" in vars(target):
         return
     class_get_generator = target._get_candidate_generator
@@ -71,22 +46,25 @@ def attach_to_target(target) -> None:
 
     def _prepare_generation_config(generation_config=None, **kwargs):
         # transformers fills unset fields with global defaults; remember which scheduler
-        # fields the caller really set so the drafter's own defaults apply otherwise.
+        # fields the caller really set, so that the drafter's own defaults apply otherwise.
+        # `dspark_scheduler` is not a GenerationConfig attribute, so transformers would
+        # treat it as a model kwarg: it is taken out here and set on the config.
+        scheduler = kwargs.pop("dspark_scheduler", None)
         prepared, model_kwargs = class_prepare_config(generation_config, **kwargs)
+        if scheduler is not None:
+            prepared.dspark_scheduler = scheduler
         prepared._dspark_explicit_fields = {
             key
             for key in SCHEDULER_FIELDS
             if key in kwargs or getattr(generation_config, key, None) is not None
-        }
+        } | ({"dspark_scheduler"} if scheduler is not None else set())
         return prepared, model_kwargs
 
     def _get_candidate_generator(generation_config, logits_processor, assistant_model=None, **kwargs):
-        from .modeling import DSparkDrafter
-
-        if isinstance(assistant_model, DSparkDrafter):
+        if isinstance(assistant_model, DraftModel):
             if assistant_model.target is not target:
                 raise ValueError(
-                    "This DSparkDrafter shares the embedding and LM head of another model; load it with "
+                    "This drafter shares the embedding and LM head of another model; load it with "
                     "DSparkDrafter.from_pretrained(..., target=<this model>) before passing it as assistant_model."
                 )
             return DSparkCandidateGenerator(assistant_model, generation_config, logits_processor)
@@ -140,20 +118,25 @@ class DSparkCandidateGenerator(CandidateGenerator):
 
     requires_model_outputs = True
 
-    def __init__(self, drafter, generation_config: GenerationConfig, logits_processor=None):
+    def __init__(self, drafter: DraftModel, generation_config: GenerationConfig, logits_processor=None):
         self.drafter = drafter
-        self.hidden_indices = hidden_state_indices(drafter.config)
+        self.hidden_indices = drafter.config.hidden_state_indices
         # Ask the target for the layers we read only, unless the caller wants them all returned anyway.
         wanted = True if generation_config.output_hidden_states else self.hidden_indices
         self.model_kwargs_overrides = {"output_hidden_states": wanted}
         self.logits_processor = logits_processor
         self.do_sample = bool(generation_config.do_sample)
+        # Greedy verification compares token ids only; q is needed to sample or to ensemble.
+        self.keep_q = self.do_sample or generation_config.assistant_ensemble_weight is not None
         self.max_length = generation_config.max_length
         self.threshold = float(scheduler_setting("assistant_confidence_threshold", generation_config, drafter) or 0.0)
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"assistant_confidence_threshold is {self.threshold}; expected a value in [0, 1].")
         self.cap = int(scheduler_setting("num_assistant_tokens", generation_config, drafter))
         self.calibration = drafter.calibration
         use_costs = scheduler_name(generation_config, drafter) == COST_SCHEDULER
         self.gate = DraftingGate(cost_table(drafter)) if use_costs else None
+        self.draft_token_ids = drafter.draft_token_ids()
         self.cache = ContextCache()
         self.context_tokens = 0  # sequence positions whose target hidden states are in the cache
         self.pending: Optional[dict] = None
@@ -163,16 +146,37 @@ class DSparkCandidateGenerator(CandidateGenerator):
     def _extend_context(self, input_ids: torch.Tensor, model_kwargs: dict, model_outputs) -> None:
         """Add the target's hidden states of the newly committed tokens before the anchor."""
         new_tokens = input_ids.shape[1] - 1 - self.context_tokens
-        layer_hidden = [model_outputs.hidden_states[i][:, :new_tokens] for i in self.hidden_indices]
+        layer_hidden = [model_outputs.hidden_states[i] for i in self.hidden_indices]
+        returned = layer_hidden[0].shape[1]
+        if returned < new_tokens:
+            if self.context_tokens > 0:
+                raise RuntimeError(
+                    f"The target returned hidden states for {returned} tokens, but {new_tokens} were committed "
+                    "since the last round; DSpark drafting cannot follow this target's outputs."
+                )
+            # The prompt's start was already in the cache passed to generate() (prefix caching):
+            # the target never recomputed it, so its features come from one extra forward pass.
+            missing = new_tokens - returned
+            earlier = self._prefix_features(input_ids[:, :missing], model_kwargs)
+            layer_hidden = [torch.cat((e.to(h.device), h), dim=1) for e, h in zip(earlier, layer_hidden)]
+        layer_hidden = [h[:, :new_tokens] for h in layer_hidden]
         attention_mask = model_kwargs.get("attention_mask")
         if attention_mask is not None and self.context_tokens == 0:
             # Left padding in the prompt: padded slots are not context (the target never attends to them).
-            real = attention_mask[0, :new_tokens].bool().to(layer_hidden[0].device)
-            layer_hidden = [h[:, real] for h in layer_hidden]
+            real = attention_mask[0, :new_tokens].bool()
+            layer_hidden = [h[:, real.to(h.device)] for h in layer_hidden]
         count = layer_hidden[0].shape[1]
-        positions = torch.arange(len(self.cache), len(self.cache) + count)[None]
-        self.cache.append(self.drafter.context_kv(layer_hidden, positions))
+        positions = torch.arange(len(self.cache), len(self.cache) + count, device=self.drafter.device)
+        self.cache.append(self.drafter.context_kv(layer_hidden, positions[None]), positions)
         self.context_tokens = input_ids.shape[1] - 1
+
+    @torch.no_grad()
+    def _prefix_features(self, prefix_ids: torch.Tensor, model_kwargs: dict) -> list[torch.Tensor]:
+        target = self.drafter.target
+        mask = model_kwargs.get("attention_mask")
+        mask = None if mask is None else mask[:, : prefix_ids.shape[1]]
+        out = target(prefix_ids, attention_mask=mask, use_cache=False, output_hidden_states=self.hidden_indices)
+        return [out.hidden_states[i] for i in self.hidden_indices]
 
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, **kwargs):
         if is_first_iteration:
@@ -184,9 +188,12 @@ class DSparkCandidateGenerator(CandidateGenerator):
         block: Optional[DraftBlock] = None
         num_verified = 0
         if budget > 0 and (self.gate is None or self.gate.should_draft()):
-            chooser = DraftTokenChooser(input_ids, self.logits_processor, self.do_sample)
+            chooser = DraftTokenChooser(
+                input_ids, self.logits_processor, self.do_sample, self.drafter.config.vocab_size, self.draft_token_ids
+            )
             block = self.drafter.draft(int(input_ids[0, -1]), len(self.cache), self.cache, chooser)
             num_verified = self._verify_length(block, budget)
+        synchronize(self.drafter.device)
         self.pending = {
             "position": input_ids.shape[1] - 1,
             "block": block,
@@ -197,7 +204,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         if num_verified == 0:
             return input_ids, None
         draft_ids = block.draft_ids[:num_verified].to(input_ids.device)[None]
-        return torch.cat((input_ids, draft_ids), dim=-1), block.draft_logits[None, :num_verified]
+        q_logits = block.draft_logits[None, :num_verified] if self.keep_q else None
+        return torch.cat((input_ids, draft_ids), dim=-1), q_logits
 
     def _verify_length(self, block: DraftBlock, budget: int) -> int:
         """The threshold cut, then (cost scheduler) the expected-tokens-per-second walk within it."""
@@ -212,6 +220,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         if self.pending is None:  # the prefill round drafts nothing
             return
+        synchronize(input_ids.device)
         pending, self.pending = self.pending, None
         block = pending["block"]
         record = RoundRecord(

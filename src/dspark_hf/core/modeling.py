@@ -3,12 +3,17 @@
 A drafter reads the target's hidden states at `target_layer_ids`, compresses them
 into a context (`fc` + `hidden_norm`), and runs a few non-causal decoder layers
 over one block `[anchor, MASK, ...]` that attends to that context. The target's
-own embedding and LM head turn block tokens into vectors and vectors into logits;
-the drafter borrows them and never holds a copy. On top sit two optional heads:
+own embedding turns block tokens into vectors, and the target's LM head turns
+vectors into logits; the drafter borrows both and never holds a copy. On top sit
+two optional heads:
 
 * the Markov head adds a bias that depends on the previous draft token, so draft
-  tokens are sampled left to right instead of independently;
+  tokens are chosen left to right instead of independently;
 * the confidence head estimates, per draft token, the chance it survives.
+
+A drafter with a pruned draft vocabulary (`config.draft_vocab_size`) scores only
+those tokens, through an LM head of its own and a smaller Markov `W2`; `d2t` maps
+its indices back to target token ids.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import DSparkConfig
+from .sampling import DraftTokenChooser
+from .scheduling import default_generation_config
 
 
 class RMSNorm(nn.Module):
@@ -74,6 +81,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotated * sin
 
 
+def sliding_window_mask(query_positions: torch.Tensor, context_positions: torch.Tensor, window: int, block: int):
+    """[1, 1, q, T + block] boolean: a block token sees context within `window` positions of itself, and the
+    whole block. Only the context is windowed: the block is always inside any real window."""
+    near = (query_positions.reshape(-1)[:, None] - context_positions.reshape(-1)[None, :]) < window
+    return torch.cat((near, near.new_ones(near.shape[0], block)), dim=1)[None, None]
+
+
 class DraftAttention(nn.Module):
     """Queries from the block; keys/values from the context followed by the block. Not causal."""
 
@@ -89,8 +103,9 @@ class DraftAttention(nn.Module):
         self.k_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, d, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        identity = nn.Identity()
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else identity
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else identity
 
     def _heads(self, x: torch.Tensor, count: int) -> torch.Tensor:
         return x.view(*x.shape[:2], count, self.head_dim).transpose(1, 2)
@@ -130,23 +145,25 @@ class DraftLayer(nn.Module):
 
 
 class MarkovHead(nn.Module):
-    """A low-rank bias on draft logits from the previous token: `W2(f(W1[x_{k-1}], h_k, state))`."""
+    """A low-rank bias on draft logits from the previous token: `W2(f(W1[x_{k-1}], h_k, state))`.
+
+    W1 is indexed by target token ids; W2 scores the draft vocabulary (pruned or not)."""
 
     def __init__(self, config: DSparkConfig):
         super().__init__()
-        rank, d, vocab = config.markov_rank, config.hidden_size, config.vocab_size
+        rank, d = config.markov_rank, config.hidden_size
         self.kind = config.markov_head_type
-        self.markov_w1 = nn.Embedding(vocab, rank)
-        self.markov_w2 = nn.Linear(rank, vocab, bias=False)
+        self.markov_w1 = nn.Embedding(config.vocab_size, rank)
+        self.markov_w2 = nn.Linear(rank, config.scored_vocab_size, bias=False)
         if self.kind == "gated":
             self.gate_proj = nn.Linear(d + rank, rank)
         elif self.kind == "rnn":
             self.joint_proj = nn.Linear(2 * rank + d, 3 * rank)
 
     def forward(self, hidden, prev_ids, state=None, token_ids=None):
-        """Returns (bias over the vocabulary, previous-token feature W1[x], next recurrent state).
+        """Returns (bias over the scored vocabulary, previous-token feature W1[x], next recurrent state).
 
-        `token_ids` restricts the bias to those tokens (training on a shortlist)."""
+        `token_ids` restricts the bias to those rows of W2 (training on a shortlist)."""
         prev_feature = self.markov_w1(prev_ids)
         if self.kind == "vanilla":
             mixed = prev_feature
@@ -167,40 +184,40 @@ class MarkovHead(nn.Module):
 class DraftBlock:
     """One drafting pass: every token proposed, the distribution each came from, and its survival estimate."""
 
-    draft_ids: torch.Tensor  # [n] proposed tokens, left to right
-    draft_logits: torch.Tensor  # [n, vocab] processed float32 logits; softmax is exactly q
+    draft_ids: torch.Tensor  # [n] proposed target token ids, left to right
+    draft_logits: Optional[torch.Tensor]  # [n, vocab] float32 logits whose softmax is q; None when greedy
     confidences: Optional[torch.Tensor]  # [n] c_k, or None without a confidence head
 
 
 class ContextCache:
-    """Per-layer keys/values of committed context only; a block's own keys/values never enter it."""
+    """Per-layer keys/values of committed context only, and their positions; block keys/values never enter it."""
 
     def __init__(self):
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
+        self.positions: Optional[torch.Tensor] = None  # [T] position of each cached token
 
     def __len__(self) -> int:
-        return self.keys[0].shape[2] if self.keys else 0
+        return 0 if self.positions is None else len(self.positions)
 
-    def append(self, per_layer_kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def append(self, per_layer_kv: list[tuple[torch.Tensor, torch.Tensor]], positions: torch.Tensor) -> None:
         if not self.keys:
             self.keys, self.values = [k for k, _ in per_layer_kv], [v for _, v in per_layer_kv]
+            self.positions = positions
             return
         self.keys = [torch.cat((old, new), dim=2) for old, (new, _) in zip(self.keys, per_layer_kv)]
         self.values = [torch.cat((old, new), dim=2) for old, (_, new) in zip(self.values, per_layer_kv)]
+        self.positions = torch.cat((self.positions, positions))
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[index], self.values[index]
 
 
-TokenChooser = Callable[[int, torch.Tensor], tuple[int, torch.Tensor]]
-
-
-class DSparkDrafter(nn.Module):
+class DraftModel(nn.Module):
     """A DSpark or DFlash drafter bound to the target whose embedding and LM head it shares.
 
-    Build one with `DSparkDrafter.from_pretrained(name_or_path, target)`, then call
-    `target.generate(..., assistant_model=drafter)`.
+    Users get one through `dspark_hf.DSparkDrafter.from_pretrained(name_or_path, target)`,
+    which adds loading and saving in every published layout to this class.
     """
 
     def __init__(self, config: DSparkConfig, target: nn.Module):
@@ -218,17 +235,18 @@ class DSparkDrafter(nn.Module):
             self.confidence_head = nn.ModuleDict({"proj": nn.Linear(width, 1)})
         else:
             self.confidence_head = None
+        if config.pruned:
+            # The drafter's own head over its vocabulary, and d2t: target id = draft index + d2t[draft index].
+            self.lm_head = nn.Linear(d, config.draft_vocab_size, bias=False)
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         # Kept outside nn.Module registration: the target owns these, so state_dict(),
         # parameters() and .to() of the drafter never see or copy them.
         self.__dict__["target"] = target
-        from .generation import attach_to_target, default_generation_config
-
         self.generation_config = default_generation_config(config)
         self.last_trace: list = []  # one RoundRecord per drafting round of the latest generate() call
         self.on_round: Optional[Callable] = None  # called with each RoundRecord as soon as its round ends
         self.calibration = None  # STS temperatures, read from dspark_calibration.json when the checkpoint has one
-        self.cost_table = None  # verify/draft timings for the "cost" scheduler: profiled on first use, or assigned
-        attach_to_target(target)
+        self.cost_table = None  # verify/draft timings for the cost scheduler: profiled on first use, or assigned
 
     # ---------------------------------------------------------- shared modules
     @property
@@ -236,7 +254,7 @@ class DSparkDrafter(nn.Module):
         return self.target.get_input_embeddings()
 
     @property
-    def lm_head(self) -> nn.Module:
+    def target_lm_head(self) -> nn.Module:
         return self.target.get_output_embeddings()
 
     @property
@@ -247,18 +265,28 @@ class DSparkDrafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
+    def draft_token_ids(self) -> Optional[torch.Tensor]:
+        """The target id of each draft-vocabulary index, or None when the drafter scores the whole vocabulary."""
+        if not self.config.pruned:
+            return None
+        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight
         return F.embedding(ids.to(weight.device), weight).to(self.device, self.dtype)
 
     def vocab_logits(self, hidden: torch.Tensor, token_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits through the target's LM head; `token_ids` scores only those tokens (training on a shortlist)."""
-        head = self.lm_head
+        head = self.target_lm_head
         hidden = hidden.to(head.weight.device, head.weight.dtype)
         if token_ids is None:
             return head(hidden).to(self.device)
         bias = None if head.bias is None else head.bias[token_ids]
         return F.linear(hidden, head.weight[token_ids], bias).to(self.device)
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Base logits over what the drafter scores: its own pruned head, or the target's full one."""
+        return self.lm_head(hidden) if self.config.pruned else self.vocab_logits(hidden)
 
     # ------------------------------------------------------------- the math
     def context_kv(self, layer_hidden: list[torch.Tensor], positions: torch.Tensor):
@@ -268,12 +296,20 @@ class DSparkDrafter(nn.Module):
         cos, sin = self.rotary(positions.to(self.device), self.dtype)
         return [layer.self_attn.keys_values(context, cos, sin) for layer in self.layers]
 
-    def backbone(self, block_ids, block_positions, context_kv, mask=None) -> torch.Tensor:
-        """The parallel pass: block tokens [b, q] at positions [b, q] -> normed hidden states [b, q, d]."""
+    def backbone(self, block_ids, block_positions, context_kv, mask=None, context_positions=None) -> torch.Tensor:
+        """The parallel pass: block tokens [b, q] at positions [b, q] -> normed hidden states [b, q, d].
+
+        `mask` (training) limits what each block sees; sliding-window layers also drop context
+        beyond their window, which needs `context_positions` [T]."""
         x = self.embed(block_ids)
         cos, sin = self.rotary(block_positions.to(self.device), self.dtype)
-        for layer, kv in zip(self.layers, context_kv):
-            x = layer(x, cos, sin, kv, mask)
+        for index, (layer, kv) in enumerate(zip(self.layers, context_kv)):
+            layer_mask = mask
+            window = self.config.layer_window(index)
+            if window is not None and context_positions is not None:
+                near = sliding_window_mask(block_positions, context_positions.to(self.device), window, x.shape[1])
+                layer_mask = near if mask is None else mask & near
+            x = layer(x, cos, sin, kv, layer_mask)
         return self.norm(x)
 
     def head_step(self, hidden, prev_ids, state=None, token_ids=None):
@@ -298,57 +334,32 @@ class DSparkDrafter(nn.Module):
         return ids, positions
 
     @torch.no_grad()
-    def draft(self, anchor_id: int, anchor_position: int, cache: ContextCache, choose: TokenChooser) -> DraftBlock:
+    def draft(self, anchor_id: int, anchor_position: int, cache: ContextCache, choose: DraftTokenChooser) -> DraftBlock:
         """One parallel pass, then the sequential head left to right, then the confidences.
 
-        `choose(k, logits)` turns step k's logits (base + Markov bias) into a token and
-        returns (token, the processed logits it was drawn from).
+        `choose(logits)` turns step k's logits over the scored vocabulary (base + Markov
+        bias) into a target token id, and keeps the distribution q it drew from.
         """
         block_ids, positions = self.anchor_block(anchor_id, anchor_position)
         kv = [cache.layer(i) for i in range(len(self.layers))]
-        hidden = self.backbone(block_ids, positions, kv)[0, self.config.first_draft_index :]
-        base_logits = self.vocab_logits(hidden).float()
+        hidden = self.backbone(block_ids, positions, kv, context_positions=cache.positions)
+        hidden = hidden[0, self.config.first_draft_index :]
+        base_logits = self.draft_logits(hidden).float()
         prev = torch.tensor([anchor_id], device=self.device)
-        state, draft_ids, draft_logits, confidence_logits = None, [], [], []
+        state, draft_ids, confidence_logits = None, [], []
         for k in range(hidden.shape[0]):
             bias, confidence_logit, state = self.head_step(hidden[k : k + 1], prev, state)
-            logits = base_logits[k] if bias is None else base_logits[k] + bias[0].float()
-            token, processed = choose(k, logits)
+            token = choose(base_logits[k] if bias is None else base_logits[k] + bias[0].float())
             draft_ids.append(token)
-            draft_logits.append(processed)
             if confidence_logit is not None:
                 confidence_logits.append(confidence_logit)
             prev = torch.tensor([token], device=self.device)
         confidences = torch.sigmoid(torch.cat(confidence_logits).float()) if confidence_logits else None
-        return DraftBlock(torch.tensor(draft_ids), torch.stack(draft_logits), confidences)
-
-    def profile_costs(self, refresh: bool = False):
-        """Time target verification and one drafting pass on this device (cached on disk); see dspark_hf.costs."""
-        from .costs import profile_costs
-
-        return profile_costs(self, refresh=refresh)
+        return DraftBlock(torch.tensor(draft_ids), choose.q_logits(), confidences)
 
     def generate(self, *args, **kwargs):
         raise TypeError(
-            "A DSparkDrafter does not generate on its own: pass it to the target it was loaded with, "
+            "A DSpark drafter does not generate on its own: load it with DSparkDrafter.from_pretrained(path, target) "
+            "(or call dspark_hf.core.generation.attach_to_target(target) for one built by hand), then call "
             "target.generate(..., assistant_model=drafter)."
         )
-
-    # ------------------------------------------------------------ loading
-    @classmethod
-    def from_pretrained(cls, name_or_path, target, **kwargs) -> "DSparkDrafter":
-        """Load a DeepSpec or z-lab checkpoint (Hub id or local dir) and attach it to `target`.
-
-        Keyword arguments: revision, token, cache_dir, local_files_only, dtype,
-        check_shared_weights. See `dspark_hf.loading.load_drafter`.
-        """
-        from .loading import load_drafter
-
-        return load_drafter(cls, name_or_path, target, **kwargs)
-
-    def save_pretrained(self, save_directory, *, include_shared_weights: bool = False, dtype=None) -> None:
-        """Write the DeepSpec layout; `include_shared_weights` adds copies of the target's embedding and
-        LM head so DeepSpec's own loader can read the file; `dtype` casts the stored tensors."""
-        from .loading import save_drafter
-
-        save_drafter(self, save_directory, include_shared_weights=include_shared_weights, dtype=dtype)

@@ -1,4 +1,4 @@
-"""Sequential Temperature Scaling (STS) of draft confidences, and the `dspark calibrate` command.
+"""Sequential Temperature Scaling (STS) of draft confidences: the math and the calibration file.
 
 A drafter's raw confidences c_k are over-confident, and the cost-aware scheduler
 multiplies them into prefix survival chances a_k = prod_{i<=k} c_i, so errors
@@ -9,16 +9,15 @@ has the lowest ECE against the observed prefix survival. A positive temperature
 keeps the order of confidences at each position.
 
 The fit runs on rounds of greedy generation that verify the whole block, so every
-position up to the verified length has an observed outcome. The result is written
-to `dspark_calibration.json` next to the drafter, where `from_pretrained` finds it.
+position up to the verified length has an observed outcome (`dspark calibrate`
+collects them). The result is written to `dspark_calibration.json` next to the
+drafter, where `from_pretrained` finds it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -27,8 +26,6 @@ import torch
 from .config import CheckpointError
 
 CALIBRATION_FILE = "dspark_calibration.json"
-REPORT_FILE = "dspark_calibration.md"
-DIAGRAM_FILE = "dspark_calibration.png"
 DEFAULT_BINS = 10
 # Temperatures 0.05 .. 20 in steps of 10^0.01 (about 2.3%); index 130 is exactly 1.
 TEMPERATURE_GRID = 10 ** (torch.arange(-130, 131, dtype=torch.float64) / 100)
@@ -209,181 +206,3 @@ def load_calibration(directory: Path, num_positions: int) -> Optional[Calibratio
         )
     calibration.temperatures = temperatures
     return calibration
-
-
-# ------------------------------------------------------------ the report
-def _number(value: Optional[float], digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def report_table(calibration: Calibration) -> str:
-    """A markdown table: one row per draft position, before and after STS."""
-    lines = [
-        "| position | rounds | survival | T_k | ECE before | ECE after | AUC before | AUC after |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for k, temperature in enumerate(calibration.temperatures):
-        cells = [
-            str(k + 1),
-            str(calibration.rounds_per_position[k]),
-            _number(calibration.survival_rate[k]),
-            f"{temperature:.3f}",
-            _number(calibration.ece_before[k], 4),
-            _number(calibration.ece_after[k], 4),
-            _number(calibration.auc_before[k]),
-            _number(calibration.auc[k]),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def plot_reliability(outcomes: RoundOutcomes, calibration: Calibration, path: Path) -> None:
-    """One reliability diagram per draft position: prefix survival predicted vs observed, before and after."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    curves = {
-        "raw": prefix_survival(outcomes.confidences),
-        "STS": prefix_survival(calibration.apply(outcomes.confidences)),
-    }
-    count = len(calibration.temperatures)
-    columns = min(count, 4)
-    rows = -(-count // columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.2 * rows), squeeze=False)
-    for k, axis in enumerate(axes.flat):
-        if k >= count:
-            axis.axis("off")
-            continue
-        axis.plot([0, 1], [0, 1], color="grey", linewidth=0.8, linestyle=":")
-        for label, survival in curves.items():
-            predicted, observed = outcomes.position(survival, k)
-            if len(observed):
-                mean_predicted, rate, _ = reliability_curve(predicted, observed, calibration.num_bins)
-                axis.plot(mean_predicted, rate, marker="o", markersize=3, label=label)
-        axis.set_title(
-            f"k={k + 1}  ECE {_number(calibration.ece_before[k])} -> {_number(calibration.ece_after[k])}", fontsize=9
-        )
-        axis.set_xlim(0, 1)
-        axis.set_ylim(0, 1)
-        if k == 0:
-            axis.legend(fontsize=8)
-    figure.supxlabel("predicted prefix survival  prod c_i")
-    figure.supylabel("observed prefix survival")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-
-
-# ------------------------------------------------------------ the command
-def collect_rounds(target, drafter, prompts_ids: list[list[int]], max_new_tokens: int) -> list:
-    """Greedy generation verifying the whole block; each prompt's last round is dropped.
-
-    The last round can be cut by EOS or max_length, and then transformers counts
-    an accepted draft token as the target's own, so its outcome is not a clean
-    observation.
-    """
-    from tqdm import tqdm
-    from transformers import GenerationConfig
-
-    settings = GenerationConfig(
-        do_sample=False,
-        max_new_tokens=max_new_tokens,
-        dspark_scheduler="threshold",
-        assistant_confidence_threshold=0.0,
-        num_assistant_tokens=drafter.config.num_draft_tokens,
-    )
-    records = []
-    for ids in tqdm(prompts_ids, desc="calibration rounds", file=sys.stderr):
-        prompt = torch.tensor([ids], device=target.device)
-        mask = torch.ones_like(prompt)
-        target.generate(prompt, attention_mask=mask, generation_config=settings, assistant_model=drafter)
-        records.extend(drafter.last_trace[:-1])
-    return records
-
-
-def _load_pair(args):
-    """(target, tokenizer, drafter, drafter directory or None); the shipped SmolLM2 pair by default."""
-    from .cli import DEFAULT_TARGET, load_target
-    from .default import load_default, shipped_drafter_path
-    from .modeling import DSparkDrafter
-
-    if args.target == DEFAULT_TARGET and args.drafter is None:
-        target, tokenizer, drafter = load_default()
-        directory = shipped_drafter_path()
-        if args.device:
-            target.to(args.device)
-            drafter.to(args.device)
-    else:
-        if args.drafter is None:
-            raise SystemExit("dspark calibrate: --drafter is required with a --target other than the default.")
-        target, tokenizer = load_target(args.target, device=args.device)
-        drafter = DSparkDrafter.from_pretrained(args.drafter, target)
-        directory = Path(args.drafter) if os.path.isdir(args.drafter) else None
-    return target, tokenizer, drafter, directory
-
-
-def run(args) -> None:
-    from .costs import cost_table_path, profile_costs
-    from .training.data import read_prompts, render_prompt
-
-    if not args.prompts and not args.profile_costs:
-        raise SystemExit("dspark calibrate: give --prompts to calibrate, --profile-costs to re-profile, or both.")
-    target, tokenizer, drafter, drafter_directory = _load_pair(args)
-    if args.profile_costs:
-        table = profile_costs(drafter, refresh=True)
-        print(json.dumps({"cost_table": str(cost_table_path(drafter)), **table.to_dict()}))
-    if not args.prompts:
-        return
-    out = Path(args.out) if args.out else drafter_directory
-    if out is None:
-        raise SystemExit("dspark calibrate: the drafter is not a local directory; pass --out DIR.")
-    if drafter.confidence_head is None:
-        raise SystemExit("dspark calibrate: this drafter has no confidence head, so there is nothing to calibrate.")
-
-    prompts = read_prompts(args.prompts)[args.skip :][: args.limit]
-    records = collect_rounds(target, drafter, [render_prompt(tokenizer, p) for p in prompts], args.max_new_tokens)
-    outcomes = RoundOutcomes.from_trace(records, drafter.config.num_draft_tokens)
-    if outcomes.num_rounds == 0:
-        raise SystemExit("dspark calibrate: generation produced no usable rounds; use more prompts or longer answers.")
-    source = {
-        "target": args.target,
-        "drafter": args.drafter or str(drafter_directory),
-        "prompts": list(args.prompts),
-        "skip": args.skip,
-        "num_prompts": len(prompts),
-        "max_new_tokens": args.max_new_tokens,
-        "decoding": "greedy, whole block verified",
-    }
-    calibration = calibrate(outcomes, num_bins=args.bins, source=source)
-
-    out.mkdir(parents=True, exist_ok=True)
-    calibration.save(out / CALIBRATION_FILE)
-    table = report_table(calibration)
-    summary = f"{outcomes.num_rounds} rounds from {len(prompts)} prompts."
-    (out / REPORT_FILE).write_text(f"# STS calibration\n\n{summary}\n\n{table}")
-    print(table)
-    try:
-        plot_reliability(outcomes, calibration, out / DIAGRAM_FILE)
-    except ImportError:
-        print("[dspark] no reliability diagram without matplotlib: pip install 'dspark_hf[calibrate]'", file=sys.stderr)
-    print(f"[dspark] wrote {out / CALIBRATION_FILE}", file=sys.stderr)
-
-
-def add_arguments(parser) -> None:
-    from .cli import DEFAULT_TARGET
-
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="Hub id or directory ('smollm2': offline default)")
-    parser.add_argument("--drafter", default=None, help="Hub id or directory; default: the shipped SmolLM2 drafter")
-    parser.add_argument("--prompts", nargs="+", help='held-out jsonl files of {"turns": [...]}')
-    parser.add_argument("--skip", type=int, default=0, help="leave out the first N prompts (e.g. those trained on)")
-    parser.add_argument("--limit", type=int, default=100, help="prompts to generate from")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--bins", type=int, default=DEFAULT_BINS, help="equal-width ECE bins")
-    parser.add_argument("--out", default=None, help="directory for the results; default: the drafter's own")
-    parser.add_argument("--device", default=None)
-    parser.add_argument(
-        "--profile-costs", action="store_true", help="measure the cost table for the 'cost' scheduler again"
-    )
-    parser.set_defaults(func=run)

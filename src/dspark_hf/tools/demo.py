@@ -19,12 +19,13 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from .trace import RoundRecord, summarize
+from ..core.trace import RoundRecord, summarize
+from .prompts import render_prompt
+from .targets import DEFAULT_TARGET, load_pair
 
 if TYPE_CHECKING:
     import gradio as gr
 
-DEFAULT_TARGET = "smollm2"  # same meaning as in dspark_hf.cli
 DEFAULT_MAX_NEW_TOKENS = 64
 DEFAULT_PORT = 7860
 WORKER_THREAD_NAME = "dspark-demo-generate"
@@ -320,8 +321,6 @@ class DemoSession:
         """Yields the page outputs once per finished round (and per plain token) until generate() returns."""
         import gradio as gr
 
-        from .training.data import render_prompt
-
         prompt_ids = render_prompt(self.tokenizer, prompt)
         settings = Settings(
             int(max_new_tokens), float(temperature), float(confidence_threshold), int(block_cap), bool(compare_plain)
@@ -406,34 +405,17 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--drafter", default=None, help="Hub id or directory (default: the drafter shipped for smollm2)"
     )
+    parser.add_argument("--local-files-only", action="store_true", help="never reach the Hub; use its cache only")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.set_defaults(func=run)
-
-
-def load_models(target_name: str, drafter_name: Optional[str]):
-    """(target, tokenizer, drafter); with no drafter named, the pair shipped for the default target."""
-    if drafter_name is None:
-        if target_name != DEFAULT_TARGET:
-            raise ValueError(f"--drafter is needed for target {target_name!r}; only {DEFAULT_TARGET!r} ships one.")
-        from .default import load_default
-
-        return load_default()
-    from .cli import load_target
-    from .modeling import DSparkDrafter
-
-    target, tokenizer = load_target(target_name)
-    return target, tokenizer, DSparkDrafter.from_pretrained(drafter_name, target)
 
 
 def run(args) -> None:
     """Serve the demo on 127.0.0.1:<port>, never shared."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    try:
-        target, tokenizer, drafter = load_models(args.target, args.drafter)
-    except ValueError as error:
-        raise SystemExit(f"dspark demo: {error}") from None
+    target, tokenizer, drafter = load_pair(args.target, args.drafter, args.local_files_only)
     build_demo(target, tokenizer, drafter).launch(
         server_name="127.0.0.1", server_port=args.port, share=False, ssr_mode=False
     )

@@ -1,0 +1,1 @@
+"""Core: what `target.generate(assistant_model=drafter)` needs, and nothing else."""
