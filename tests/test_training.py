@@ -13,7 +13,6 @@ from dspark_hf.tools.training import trainer as trainer_module
 from dspark_hf.tools.training.trainer import (
     FeatureStore,
     TrainSettings,
-    block_attention_mask,
     response_vocabulary,
     sample_anchors,
     sequence_ids,
@@ -127,20 +126,6 @@ def test_shortlist_loss_equals_full_loss_when_it_covers_the_vocabulary():
     torch.testing.assert_close(short_loss, full_loss)
     for name, value in full_terms.items():
         torch.testing.assert_close(short_terms[name], value)
-
-
-def test_block_attention_mask():
-    mask = block_attention_mask(torch.tensor([2, 4]), context_length=5, block_size=2)[0, 0]
-    expected = torch.tensor(
-        [
-            [1, 1, 0, 0, 0, 1, 1, 0, 0],
-            [1, 1, 0, 0, 0, 1, 1, 0, 0],
-            [1, 1, 1, 1, 0, 0, 0, 1, 1],
-            [1, 1, 1, 1, 0, 0, 0, 1, 1],
-        ],
-        dtype=torch.bool,
-    )
-    assert torch.equal(mask, expected)
 
 
 def test_confidence_only_training_from_a_trained_drafter_moves_only_that_head(tmp_path):

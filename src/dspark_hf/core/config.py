@@ -56,7 +56,8 @@ class DSparkConfig:
     attention_bias: bool = False
     qk_norm: bool = True  # Qwen3-style per-head q/k RMSNorm; Llama-layer drafters have none
     layer_types: Optional[list[str]] = None  # per draft layer; None: all full attention
-    sliding_window: Optional[int] = None  # context tokens a sliding_attention layer sees
+    sliding_window: Optional[int] = None  # context tokens before the anchor a sliding_attention layer sees
+    sliding_window_non_causal: bool = False  # sliding layers see the whole block, not just earlier slots
     markov_rank: int = 0
     markov_head_type: Optional[str] = None
     enable_confidence_head: bool = False
@@ -80,7 +81,7 @@ class DSparkConfig:
         if self.layer_types is None or set(self.layer_types) == {"full_attention"}:
             self.layer_types = None
         if self.layer_types is None:
-            self.sliding_window = None
+            self.sliding_window, self.sliding_window_non_causal = None, False
         if self.draft_vocab_size is not None and self.draft_vocab_size >= self.vocab_size:
             self.draft_vocab_size = None
 

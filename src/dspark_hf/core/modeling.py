@@ -81,11 +81,26 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotated * sin
 
 
-def sliding_window_mask(query_positions: torch.Tensor, context_positions: torch.Tensor, window: int, block: int):
-    """[1, 1, q, T + block] boolean: a block token sees context within `window` positions of itself, and the
-    whole block. Only the context is windowed: the block is always inside any real window."""
-    near = (query_positions.reshape(-1)[:, None] - context_positions.reshape(-1)[None, :]) < window
-    return torch.cat((near, near.new_ones(near.shape[0], block)), dim=1)[None, None]
+def block_attention_mask(
+    anchors: torch.Tensor, block_size: int, context_positions: torch.Tensor, window=None, causal: bool = False
+) -> torch.Tensor:
+    """[1, 1, nb*B, T + nb*B] boolean: what each token of the blocks anchored at `anchors` attends to.
+
+    Block b sees the context before its anchor (with a sliding `window`: only the `window`
+    positions right before it, whatever the slot) and its own block (with `causal`: only
+    its own and earlier slots). One mask serves inference (one block) and training (many).
+    """
+    num_blocks = len(anchors)
+    context = context_positions[None, :] < anchors[:, None]  # [nb, T]
+    if window is not None:
+        context &= context_positions[None, :] >= anchors[:, None] - window
+    context = context.repeat_interleave(block_size, dim=0)
+    block_of = torch.arange(num_blocks, device=anchors.device).repeat_interleave(block_size)
+    sees_block = block_of[:, None] == block_of[None, :]
+    if causal:
+        slot = torch.arange(block_size, device=anchors.device).repeat(num_blocks)
+        sees_block &= slot[:, None] >= slot[None, :]
+    return torch.cat((context, sees_block), dim=1)[None, None]
 
 
 class DraftAttention(nn.Module):
@@ -296,20 +311,25 @@ class DraftModel(nn.Module):
         cos, sin = self.rotary(positions.to(self.device), self.dtype)
         return [layer.self_attn.keys_values(context, cos, sin) for layer in self.layers]
 
-    def backbone(self, block_ids, block_positions, context_kv, mask=None, context_positions=None) -> torch.Tensor:
-        """The parallel pass: block tokens [b, q] at positions [b, q] -> normed hidden states [b, q, d].
+    def backbone(self, block_ids, block_positions, context_kv, context_positions, single_block=False) -> torch.Tensor:
+        """The parallel pass: blocks [1, nb*B] at positions [1, nb*B] over a context at `context_positions` [T]
+        -> normed hidden states [1, nb*B, d]. Each block starts with its anchor.
 
-        `mask` (training) limits what each block sees; sliding-window layers also drop context
-        beyond their window, which needs `context_positions` [T]."""
+        `single_block`: one block whose context all lies before its anchor (inference), so
+        full-attention layers need no mask at all."""
         x = self.embed(block_ids)
         cos, sin = self.rotary(block_positions.to(self.device), self.dtype)
+        size = self.config.block_size
+        anchors = block_positions.reshape(-1)[::size].to(self.device)
+        context_positions = context_positions.to(self.device)
+        full_mask = None if single_block else block_attention_mask(anchors, size, context_positions)
         for index, (layer, kv) in enumerate(zip(self.layers, context_kv)):
-            layer_mask = mask
             window = self.config.layer_window(index)
-            if window is not None and context_positions is not None:
-                near = sliding_window_mask(block_positions, context_positions.to(self.device), window, x.shape[1])
-                layer_mask = near if mask is None else mask & near
-            x = layer(x, cos, sin, kv, layer_mask)
+            mask = full_mask
+            if window is not None:  # sliding layers: the window, and causal inside the block unless told otherwise
+                causal = not self.config.sliding_window_non_causal
+                mask = block_attention_mask(anchors, size, context_positions, window, causal)
+            x = layer(x, cos, sin, kv, mask)
         return self.norm(x)
 
     def head_step(self, hidden, prev_ids, state=None, token_ids=None):
@@ -342,7 +362,7 @@ class DraftModel(nn.Module):
         """
         block_ids, positions = self.anchor_block(anchor_id, anchor_position)
         kv = [cache.layer(i) for i in range(len(self.layers))]
-        hidden = self.backbone(block_ids, positions, kv, context_positions=cache.positions)
+        hidden = self.backbone(block_ids, positions, kv, cache.positions, single_block=True)
         hidden = hidden[0, self.config.first_draft_index :]
         base_logits = self.draft_logits(hidden).float()
         prev = torch.tensor([anchor_id], device=self.device)

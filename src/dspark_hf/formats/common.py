@@ -7,6 +7,15 @@ from typing import Any
 from ..core.config import LAYER_TYPES, MARKOV_HEAD_TYPES, CheckpointError, rope_parameters
 
 
+def fixed_convention(layout: str, anchor_first: bool, requested) -> None:
+    """Layouts with one block convention refuse a `sample_from_anchor` that contradicts it."""
+    if requested is not None and bool(requested) != anchor_first:
+        raise ValueError(
+            f"sample_from_anchor={requested} does not apply: the {layout} layout is always "
+            f"{'anchor-first' if anchor_first else '1+N'}; the option is for speculators and SpecForge checkpoints."
+        )
+
+
 def need(raw: dict, key: str, source: str, where: str = "") -> Any:
     """`raw[key]`, or an error naming the file and the missing field (`where` prefixes nested fields)."""
     if key not in raw or raw[key] is None:

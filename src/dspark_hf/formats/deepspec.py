@@ -9,18 +9,22 @@ stored the speculators way: `draft_vocab_size`, `lm_head.weight` [draft vocab, d
 
 from __future__ import annotations
 
-from ..core.config import DSparkConfig
-from .common import head_fields, layer_config, layer_fields, need
+from typing import Optional
+
+from ..core.config import CheckpointError, DSparkConfig
+from .common import fixed_convention, head_fields, layer_config, layer_fields, need
 
 NAME = "deepspec"
 ARCHITECTURE = "Qwen3DSparkModel"
+LAYER_ID_FIELD, LAYER_ID_OFFSET = "target_layer_ids", 0
 
 
 def matches(raw: dict) -> bool:
     return ARCHITECTURE in (raw.get("architectures") or [])
 
 
-def read_config(raw: dict, source: str) -> DSparkConfig:
+def read_config(raw: dict, source: str, sample_from_anchor: Optional[bool] = None) -> DSparkConfig:
+    fixed_convention(NAME, True, sample_from_anchor)
     return DSparkConfig(
         **layer_fields(raw, source),
         **head_fields(raw, source),
@@ -38,8 +42,8 @@ def read_config(raw: dict, source: str) -> DSparkConfig:
 def config_dict(config: DSparkConfig, target_config: dict) -> dict:
     """The target's config copied, overridden by the drafter's fields."""
     if config.first_draft_index != 0:
-        raise ValueError(
-            "The DeepSpec layout holds DeepSpec-convention drafters only (the anchor slot predicts the next token); "
+        raise CheckpointError(
+            "The DeepSpec layout holds anchor-first drafters only (the anchor slot predicts the next token); "
             "save this 1+N drafter with format='speculators'."
         )
     out = {

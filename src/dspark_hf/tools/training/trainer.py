@@ -128,16 +128,6 @@ class FeatureStore:
         return layers, final
 
 
-def block_attention_mask(anchors: torch.Tensor, context_length: int, block_size: int) -> torch.Tensor:
-    """[1, 1, nb*B, T + nb*B] boolean: block b sees context positions < anchor_b and its own block only."""
-    num_blocks = len(anchors)
-    sees_context = torch.arange(context_length)[None, :] < anchors[:, None]  # [nb, T]
-    sees_context = sees_context.repeat_interleave(block_size, dim=0)
-    block_of = torch.arange(num_blocks).repeat_interleave(block_size)
-    sees_block = block_of[:, None] == block_of[None, :]
-    return torch.cat((sees_context, sees_block), dim=1)[None, None]
-
-
 def response_vocabulary(records: list[dict], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The shortlist for `loss_vocab="responses"`: (sorted token ids, full-vocab id -> shortlist index or -1)."""
     token_ids = torch.tensor(sorted({t for r in records for t in r["response_ids"]}))
@@ -165,8 +155,7 @@ def sequence_loss(drafter: DSparkDrafter, ids: torch.Tensor, features, anchors, 
 
     positions = torch.arange(length, device=device)[None]
     context = drafter.context_kv([h.to(device) for h in layer_hidden], positions)
-    mask = block_attention_mask(anchors.cpu(), length, block).to(device)
-    hidden = drafter.backbone(block_ids.view(1, -1), block_positions.view(1, -1), context, mask)
+    hidden = drafter.backbone(block_ids.view(1, -1), block_positions.view(1, -1), context, positions[0])
     hidden = hidden.view(len(anchors), block, -1)
 
     token_ids = None
