@@ -13,7 +13,8 @@ from dspark_hf.tools.training import trainer as trainer_module
 from dspark_hf.tools.training.trainer import (
     FeatureStore,
     TrainSettings,
-    response_vocabulary,
+    answer_vocabulary,
+    greedy_tau,
     sample_anchors,
     sequence_ids,
     sequence_loss,
@@ -98,12 +99,11 @@ def test_interrupted_training_resumes_without_losing_steps(tmp_path, monkeypatch
         torch.testing.assert_close(resumed.state_dict()[key], value, rtol=1e-5, atol=1e-6)
 
 
-def test_response_vocabulary_maps_every_answer_token():
+def test_answer_vocabulary_ranks_answer_tokens_by_frequency():
     records = [{"prompt_ids": [1, 2], "response_ids": [7, 3, 7]}, {"prompt_ids": [9], "response_ids": [5]}]
-    token_ids, index = response_vocabulary(records, VOCAB)
-    assert token_ids.tolist() == [3, 5, 7]
-    assert index[token_ids].tolist() == [0, 1, 2]
-    assert (index >= 0).sum() == 3  # prompt-only tokens (1, 2, 9) stay off the shortlist
+    assert answer_vocabulary(records, VOCAB).tolist() == [3, 5, 7]  # prompt-only tokens (1, 2, 9) stay out
+    assert answer_vocabulary(records, VOCAB, limit=2).tolist() == [3, 7]  # 7 twice; 3 beats 5 on the id
+    assert answer_vocabulary(records, VOCAB, limit=5).tolist() == [0, 1, 3, 5, 7]  # filled with the lowest ids
 
 
 def test_shortlist_loss_equals_full_loss_when_it_covers_the_vocabulary():
@@ -119,10 +119,8 @@ def test_shortlist_loss_equals_full_loss_when_it_covers_the_vocabulary():
     anchors = sample_anchors(len(record["prompt_ids"]), len(ids), 8, torch.Generator().manual_seed(0))
     features = FeatureStore(target, config.target_layer_ids).get(ids)
     token_ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(1))
-    index = torch.empty_like(token_ids)
-    index[token_ids] = torch.arange(VOCAB)
     full_loss, full_terms = sequence_loss(drafter, ids, features, anchors, settings, False)
-    short_loss, short_terms = sequence_loss(drafter, ids, features, anchors, settings, False, (token_ids, index))
+    short_loss, short_terms = sequence_loss(drafter, ids, features, anchors, settings, False, token_ids)
     torch.testing.assert_close(short_loss, full_loss)
     for name, value in full_terms.items():
         torch.testing.assert_close(short_terms[name], value)
@@ -178,3 +176,26 @@ def test_feature_cache_never_mixes_up_sequences(tmp_path):
         for got, want in zip([got_final, *got_layers], [want_final, *want_layers]):
             torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)  # stored in bf16
     assert len(list(tmp_path.glob("*.pt"))) == 2
+
+
+@pytest.mark.parametrize("pruned", [False, True])
+def test_greedy_tau_replays_generate_exactly(pruned, tmp_path):
+    """The held-out tau the trainer logs is the tau generate() gets on the same answers, round for round."""
+    target = tiny_target("qwen3", seed=2)
+    data = regenerated(target, count=40)
+    fields = dict(block_size=4, target_layer_ids=[0, 2], draft_vocab_size=18 if pruned else None)
+    config = drafter_config(target, **fields)
+    train(target, data, tmp_path / "d", config=config, settings=TrainSettings(max_steps=60, **SETTINGS),
+          progress=False)
+    drafter = DSparkDrafter.from_pretrained(tmp_path / "d", target)
+    assert drafter.config.pruned == pruned
+    held_out = regenerated(target, count=6, seed=7)
+    rounds = []
+    for record in held_out:
+        prompt = torch.tensor([record["prompt_ids"]])
+        target.generate(prompt, max_new_tokens=len(record["response_ids"]), do_sample=False,
+                        assistant_model=drafter, assistant_confidence_threshold=0.0)
+        rounds += drafter.last_trace
+    replayed = greedy_tau(drafter, held_out, FeatureStore(target, config.target_layer_ids), max_tokens=768)
+    assert summarize(rounds).tau > 1.3  # a drafter that gets accepted, so the replay is tested on real rounds
+    assert replayed == pytest.approx(summarize(rounds).tau, abs=1e-9)

@@ -125,6 +125,7 @@ def cmd_train(args) -> None:
         loss_vocab=args.loss_vocab,
         trainable=args.trainable,
         save_every=args.save_every,
+        eval_every=args.eval_every,
         seed=args.seed,
     )
     drafter = train(
@@ -138,6 +139,7 @@ def cmd_train(args) -> None:
         init_from=args.init_from,
         feature_cache=args.feature_cache,
         device=args.device,
+        eval_sequences=[r for path in args.eval_data for r in load_sequences(path)] if args.eval_data else None,
     )
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.save_dtype]
     drafter.save_pretrained(out, include_shared_weights=args.include_shared_weights, dtype=dtype)
@@ -201,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="'responses': the loss scores only tokens seen in the training answers (several times cheaper on CPU)",
     )
     tr.add_argument("--save-every", type=positive_int, default=100)
+    tr.add_argument("--eval-data", nargs="+", default=None,
+                    help="held-out regenerated answers: their greedy tau is logged every --eval-every steps")
+    tr.add_argument("--eval-every", type=positive_int, default=500)
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--max-prompts", type=positive_int, default=None)
     tr.add_argument("--max-new-tokens", type=positive_int, default=256, help="regenerated response length")

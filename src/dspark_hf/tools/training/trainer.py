@@ -12,13 +12,16 @@ The DFlash ablation keeps CE only.
 
 With `loss_vocab="responses"` every softmax in the loss (draft and target) runs over
 the tokens the target actually emitted in the training responses instead of the full
-vocabulary, like FR-Spec's frequency-ranked shortlist. The LM-head products dominate
-a CPU step, and a small model's answers use a few thousand distinct tokens out of
-~50k, so this is several times cheaper. Inference always scores the full vocabulary.
+vocabulary. The LM-head products dominate a CPU step, and a small model's answers use a
+few thousand distinct tokens out of ~50k, so this is several times cheaper; such a
+drafter still scores the full vocabulary at inference. A pruned drafter
+(`draft_vocab_size`, FR-Spec) goes further: it keeps only the most frequent answer
+tokens, at training and at inference, with the target's LM-head rows for them, frozen.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
@@ -59,6 +62,7 @@ class TrainSettings:
     trainable: str = "all"  # "all", or "confidence": only the confidence head learns (the rest is frozen)
     save_every: int = 100
     log_every: int = 10
+    eval_every: int = 500
     seed: int = 0
 
     def __post_init__(self):
@@ -128,70 +132,152 @@ class FeatureStore:
         return layers, final
 
 
-def response_vocabulary(records: list[dict], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The shortlist for `loss_vocab="responses"`: (sorted token ids, full-vocab id -> shortlist index or -1)."""
-    token_ids = torch.tensor(sorted({t for r in records for t in r["response_ids"]}))
-    index = torch.full((vocab_size,), -1, dtype=torch.long)
-    index[token_ids] = torch.arange(len(token_ids))
-    return token_ids, index
+def answer_vocabulary(records: list[dict], vocab_size: int, limit: Optional[int] = None) -> torch.Tensor:
+    """Token ids of the training answers, sorted by id: all of them, or the `limit` most frequent (FR-Spec).
+
+    Ties go to the lower id, and a vocabulary larger than the answers use is filled with
+    the lowest unused ids, as speculators does, so `limit` is always the exact size.
+    """
+    counts = collections.Counter(token for record in records for token in record["response_ids"])
+    chosen = sorted(counts, key=lambda token: (-counts[token], token))[:limit]
+    if limit is not None and len(chosen) < limit:
+        unused = sorted(set(range(vocab_size)) - set(chosen))
+        chosen += unused[: limit - len(chosen)]
+    return torch.tensor(sorted(chosen))
 
 
-def sequence_loss(drafter: DSparkDrafter, ids: torch.Tensor, features, anchors, settings, dflash, shortlist=None):
-    """Loss terms and the expected tau for the blocks of one sequence; `shortlist` is `response_vocabulary(...)`
-    on the drafter's device."""
+def vocabulary_index(token_ids: Optional[torch.Tensor], vocab_size: int) -> Optional[torch.Tensor]:
+    """Target id -> position in `token_ids`, -1 for ids outside it."""
+    if token_ids is None:
+        return None
+    index = torch.full((vocab_size,), -1, dtype=torch.long, device=token_ids.device)
+    index[token_ids] = torch.arange(len(token_ids), device=token_ids.device)
+    return index
+
+
+def prune_to(drafter: DSparkDrafter, token_ids: torch.Tensor) -> None:
+    """Give a fresh drafter the draft vocabulary `token_ids`: d2t, and an LM head of the target's rows, frozen."""
+    with torch.no_grad():
+        drafter.d2t.copy_(token_ids - torch.arange(len(token_ids)))
+        drafter.lm_head.weight.copy_(drafter.target_lm_head.weight[token_ids])
+    drafter.lm_head.weight.requires_grad_(False)
+
+
+@dataclasses.dataclass
+class Blocks:
+    """Teacher-forced drafting of the blocks anchored at `anchors` in one sequence."""
+
+    logits: torch.Tensor  # [nb, B, n] over the loss vocabulary, Markov bias included
+    confidence_logits: Optional[torch.Tensor]  # [nb, B]
+    labels: torch.Tensor  # [nb, B] target ids of the tokens each slot predicts
+    valid: torch.Tensor  # [nb, B] the slot predicts a token inside the sequence
+    target_hidden: torch.Tensor  # [nb, B, d] the target's final hidden state that predicts each label
+
+
+def teacher_forced_blocks(drafter: DSparkDrafter, ids, features, anchors, loss_ids=None) -> Blocks:
+    """Every block in one parallel pass; each slot's Markov input is the true previous token.
+
+    That is exactly what greedy drafting computes for a slot whose earlier slots were all
+    right, so it serves both the loss and the exact greedy acceptance. `loss_ids` are the
+    target ids to score (None: what the drafter scores itself, its pruned vocabulary or all).
+    """
     layer_hidden, final_hidden = features
     device = drafter.device
-    ids = ids.to(device)
+    ids, anchors = ids.to(device), anchors.to(device)
     length, block = len(ids), drafter.config.block_size
-    anchors = anchors.to(device)
     block_positions = anchors[:, None] + torch.arange(block, device=device)  # [nb, B]
     label_positions = block_positions + 1  # block index k-1 predicts position p+k
     valid = label_positions < length
     safe_labels = label_positions.clamp(max=length - 1)
-    labels = ids[safe_labels]
     previous = ids[safe_labels - 1]  # teacher-forced x_{k-1}; the anchor for k = 1
     block_ids = torch.full_like(block_positions, drafter.config.mask_token_id)
     block_ids[:, 0] = ids[anchors]
 
-    positions = torch.arange(length, device=device)[None]
-    context = drafter.context_kv([h.to(device) for h in layer_hidden], positions)
-    hidden = drafter.backbone(block_ids.view(1, -1), block_positions.view(1, -1), context, positions[0])
+    positions = torch.arange(length, device=device)
+    context = drafter.context_kv([h.to(device) for h in layer_hidden], positions[None])
+    hidden = drafter.backbone(block_ids.view(1, -1), block_positions.view(1, -1), context, positions)
     hidden = hidden.view(len(anchors), block, -1)
-
-    token_ids = None
-    if shortlist is not None:
-        token_ids, shortlist_index = shortlist
-        labels = shortlist_index[labels]  # labels are response tokens, so always on the shortlist
-    logits = drafter.vocab_logits(hidden, token_ids).float()
-    confidence_logits, state = [], None
-    biases = []
+    if drafter.config.pruned:  # its own head and W2 already score exactly its vocabulary
+        logits, head_ids = drafter.draft_logits(hidden).float(), None
+    else:
+        logits, head_ids = drafter.vocab_logits(hidden, loss_ids).float(), loss_ids
+    confidence_logits, biases, state = [], [], None
     for k in range(block):
-        bias, confidence_logit, state = drafter.head_step(hidden[:, k], previous[:, k], state, token_ids)
+        bias, confidence_logit, state = drafter.head_step(hidden[:, k], previous[:, k], state, head_ids)
         biases.append(bias)
         confidence_logits.append(confidence_logit)
     if biases[0] is not None:
         logits = logits + torch.stack(biases, dim=1).float()
+    confidences = torch.stack(confidence_logits, dim=1).float() if confidence_logits[0] is not None else None
+    return Blocks(logits, confidences, ids[safe_labels], valid, final_hidden[0, safe_labels - 1].to(device))
 
-    weights = torch.exp(-torch.arange(block, device=device, dtype=torch.float) / settings.gamma_decay)
-    weights = weights[None].expand_as(labels) * valid
+
+def sequence_loss(drafter: DSparkDrafter, ids: torch.Tensor, features, anchors, settings, dflash, loss_ids=None):
+    """Loss terms and the expected tau for the blocks of one sequence.
+
+    `loss_ids` (on the drafter's device) are the target ids every softmax runs over: a
+    pruned drafter's vocabulary or a shortlist of answer tokens; None is the full vocabulary.
+    A label outside them has no CE term, and the target's distribution is renormalised over them.
+    """
+    out = teacher_forced_blocks(drafter, ids, features, anchors, loss_ids)
+    block = drafter.config.block_size
+    labels = out.labels
+    if loss_ids is not None:
+        labels = vocabulary_index(loss_ids, drafter.config.vocab_size)[labels]
+    weights = torch.exp(-torch.arange(block, device=drafter.device, dtype=torch.float) / settings.gamma_decay)
+    weights = weights[None].expand_as(labels) * out.valid
     total_weight = weights.sum().clamp(min=1e-6)
 
-    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(weights)
+    ce = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten(), reduction="none", ignore_index=-1)
+    ce = ce.view_as(weights)
     with torch.no_grad():
-        target_hidden = final_hidden[0, safe_labels - 1].to(device)
-        target_probs = drafter.vocab_logits(target_hidden, token_ids).float().softmax(-1)
-    l1 = (logits.softmax(-1) - target_probs).abs().sum(-1)
+        target_probs = drafter.vocab_logits(out.target_hidden, loss_ids).float().softmax(-1)
+    l1 = (out.logits.softmax(-1) - target_probs).abs().sum(-1)
     survival = (1 - 0.5 * l1).detach()
     terms = {"ce": (ce * weights).sum() / total_weight, "l1": (l1 * weights).sum() / total_weight}
     loss = terms["ce"] if dflash else settings.ce_weight * terms["ce"] + settings.l1_weight * terms["l1"]
-    if confidence_logits[0] is not None:
-        bce = F.binary_cross_entropy_with_logits(
-            torch.stack(confidence_logits, dim=1).float(), survival, reduction="none"
-        )
+    if out.confidence_logits is not None:
+        bce = F.binary_cross_entropy_with_logits(out.confidence_logits, survival, reduction="none")
         terms["conf"] = (bce * weights).sum() / total_weight
         loss = loss + settings.confidence_weight * terms["conf"]
-    terms["expected_tau"] = expected_accepted_length(survival, valid.float()).mean()
+    terms["expected_tau"] = expected_accepted_length(survival, out.valid.float()).mean()
     return loss, terms
+
+
+@torch.no_grad()
+def greedy_tau(drafter: DSparkDrafter, records: list[dict], store, max_tokens: int, chunk: int = 48) -> float:
+    """Tau of greedy decoding that verifies whole blocks, replayed on answers the target wrote greedily.
+
+    Every answer position is drafted once as an anchor; rounds then walk the answer from
+    its first token, each jumping past its accepted drafts and the target's token. Exact
+    for greedy decoding (see `teacher_forced_blocks`), and far cheaper than generating.
+    As in generate() with `max_new_tokens` at the answer's length, the last token is
+    always the target's own, so no draft may reach it.
+    """
+    was_training = drafter.training
+    drafter.eval()
+    rounds = tokens = 0
+    draft_ids = drafter.draft_token_ids()
+    for record in records:
+        ids = torch.tensor(record["prompt_ids"] + record["response_ids"])[:max_tokens]
+        start = len(record["prompt_ids"])
+        if len(ids) - 1 <= start:
+            continue
+        features = store.get(ids)
+        accepted = []
+        for anchors in torch.arange(start, len(ids) - 1).split(chunk):
+            out = teacher_forced_blocks(drafter, ids, features, anchors)
+            guesses = out.logits.argmax(-1)
+            guesses = guesses if draft_ids is None else draft_ids[guesses]
+            before_last = anchors[:, None] + torch.arange(1, out.labels.shape[1] + 1) < len(ids) - 1
+            hits = (guesses == out.labels) & before_last.to(guesses.device)
+            accepted += hits.long().cumprod(dim=1).sum(dim=1).tolist()
+        position = 0
+        while position < len(accepted):
+            rounds, tokens = rounds + 1, tokens + accepted[position] + 1
+            position += accepted[position] + 1
+    drafter.train(was_training)
+    return tokens / max(rounds, 1)
 
 
 def sequence_ids(record: dict, settings: TrainSettings) -> torch.Tensor:
@@ -253,13 +339,16 @@ def train(
     feature_cache: Optional[str | os.PathLike] = None,
     device: Optional[str] = None,
     progress: bool = True,
+    eval_sequences: Optional[list[dict]] = None,
 ) -> DSparkDrafter:
     """Train a drafter on `sequences` ({"prompt_ids", "response_ids"} records) and write it to `out_dir`.
 
     `config` is required for a fresh run; with `resume=True` it is read from the checkpoint.
     `init_from` (a drafter directory or Hub id) starts from trained weights with a new
     optimizer and schedule, e.g. to fit only the confidence head on answers the
-    backbone never saw (`TrainSettings.trainable="confidence"`).
+    backbone never saw (`TrainSettings.trainable="confidence"`). With `eval_sequences`
+    (held-out greedy answers) the log records their greedy tau every `eval_every` steps.
+    A config with `draft_vocab_size` trains a pruned drafter on the most frequent answer tokens.
     """
     settings = settings or TrainSettings()
     out_dir = Path(out_dir)
@@ -287,11 +376,18 @@ def train(
         drafter = DSparkDrafter(config, target)
         init_from_target(drafter, target)
     store = FeatureStore(target, drafter.config.target_layer_ids, Path(feature_cache) if feature_cache else None)
-    shortlist = None
-    if settings.loss_vocab == "responses":
-        vocab_size = target.get_output_embeddings().weight.shape[0]
-        shortlist = tuple(t.to(device) for t in response_vocabulary(records, vocab_size))
+    vocab_size = drafter.config.vocab_size
+    if drafter.config.pruned:
+        if state is None and init_from is None:  # a fresh pruned drafter: FR-Spec's most frequent answer tokens
+            prune_to(drafter, answer_vocabulary(records, vocab_size, drafter.config.draft_vocab_size))
+        drafter.lm_head.weight.requires_grad_(False)
+        loss_ids = drafter.draft_token_ids()
+    elif settings.loss_vocab == "responses":
+        loss_ids = answer_vocabulary(records, vocab_size)
+    else:
+        loss_ids = None
     drafter.to(device=device, dtype=torch.float32).train()
+    loss_ids = None if loss_ids is None else loss_ids.to(device)
     dflash = arch == "dflash"
 
     if settings.trainable == "confidence":
@@ -300,6 +396,7 @@ def train(
         for name, param in drafter.named_parameters():
             param.requires_grad_(name.startswith("confidence_head."))
     learned = [param for param in drafter.parameters() if param.requires_grad]
+    eval_records = [r for r in (eval_sequences or []) if len(r["response_ids"]) >= 2]
     optimizer = torch.optim.AdamW(learned, lr=settings.learning_rate, weight_decay=settings.weight_decay)
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
@@ -326,7 +423,7 @@ def train(
                     continue
                 features = store.get(ids)
                 with autocast:
-                    loss, terms = sequence_loss(drafter, ids, features, anchors, settings, dflash, shortlist)
+                    loss, terms = sequence_loss(drafter, ids, features, anchors, settings, dflash, loss_ids)
                 (loss / settings.sequences_per_step).backward()
                 for name, value in terms.items():
                     window.setdefault(name, []).append(value.item())
@@ -335,6 +432,8 @@ def train(
             completed = step + 1
             if window and (completed % settings.log_every == 0 or completed == settings.max_steps):
                 means = {name: sum(values) / len(values) for name, values in window.items()}
+                if eval_records and (completed % settings.eval_every == 0 or completed == settings.max_steps):
+                    means["heldout_tau"] = greedy_tau(drafter, eval_records, store, settings.max_tokens)
                 bar.set_postfix({name: f"{value:.3f}" for name, value in means.items()})
                 entry = {"step": completed, "lr": learning_rate(step, settings), "elapsed": time.time() - started, **means}
                 with log_path.open("a") as log:
