@@ -9,6 +9,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from conftest import MASK_ID, tiny_target, write_bigram_deepspec, write_deepspec, write_zlab
 from dspark_hf import DSparkCandidateGenerator, DSparkDrafter, summarize
+from reference_drafting import assert_rounds_match, reference_rounds
 
 
 def prompts(count: int, seed: int = 0):
@@ -59,6 +60,7 @@ def test_greedy_equals_plain_generate(family, variant, tmp_path):
         produced = target.generate(prompt, max_new_tokens=new_tokens, do_sample=False, assistant_model=drafter)
         assert produced.tolist() == expected.tolist()
         assert_trace_matches_output(drafter, prompt, produced)
+        assert_rounds_match(drafter.last_trace, reference_rounds(target, drafter, prompt, expected))
 
 
 @pytest.mark.parametrize("block_size", [2, 3, 7, 9])
@@ -72,6 +74,7 @@ def test_greedy_equality_across_block_sizes_and_thresholds(block_size, threshold
             prompt, max_new_tokens=23, do_sample=False, assistant_model=drafter, assistant_confidence_threshold=threshold
         )
         assert produced.tolist() == expected.tolist()
+        assert_rounds_match(drafter.last_trace, reference_rounds(target, drafter, prompt, expected, threshold=threshold))
         for record in drafter.last_trace:
             kept = record.num_verified
             if record.confidences and kept < len(record.draft_ids) and threshold > 0:
@@ -187,6 +190,7 @@ def test_left_padded_prompt_matches_plain_generate(tmp_path):
     expected = target.generate(prompt, attention_mask=mask, max_new_tokens=20, do_sample=False)
     produced = target.generate(prompt, attention_mask=mask, max_new_tokens=20, do_sample=False, assistant_model=drafter)
     assert produced.tolist() == expected.tolist()
+    assert_rounds_match(drafter.last_trace, reference_rounds(target, drafter, prompt, expected, attention_mask=mask))
 
 
 def test_greedy_with_logits_processors(tmp_path):

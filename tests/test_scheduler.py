@@ -14,6 +14,7 @@ from dspark_hf.core.costs import cost_table_path, profile_costs
 from dspark_hf.core.modeling import ContextCache
 from dspark_hf.core.sampling import DraftTokenChooser
 from dspark_hf.core.scheduling import CostTable, DraftingGate, cost_aware_length
+from reference_drafting import assert_rounds_match, reference_rounds
 from test_generation import assert_trace_matches_output, build, prompts
 from test_sampling import SMALL_VOCAB, chi_square, chi_square_critical, exact_joint
 
@@ -112,6 +113,7 @@ def test_greedy_equals_plain_generate(table, block_size, tmp_path):
         produced = target.generate(prompt, max_new_tokens=new_tokens, do_sample=False, assistant_model=drafter)
         assert produced.tolist() == expected.tolist()
         assert_trace_matches_output(drafter, prompt, produced)
+        assert_rounds_match(drafter.last_trace, reference_rounds(target, drafter, prompt, expected, costs=TABLES[table]))
         rounds += drafter.last_trace
     skipped = [r for r in rounds if not r.draft_ids]
     assert all(r.num_verified == 0 and len(r.committed_ids) == 1 for r in skipped)
