@@ -19,6 +19,15 @@ torch.set_num_threads(1)
 MASK_ID = VOCAB - 1
 
 
+@pytest.fixture(autouse=True)
+def threshold_scheduler_by_default(monkeypatch):
+    """Drafters built in tests default to the threshold scheduler, whose rounds do not depend on timings.
+
+    The package default, "auto", times this machine; its choice and the cost scheduler are
+    tested on their own with injected cost tables (test_scheduler.py)."""
+    monkeypatch.setattr("dspark_hf.core.scheduling.DEFAULT_SCHEDULER", "threshold")
+
+
 def tiny_target(family: str = "qwen3", vocab: int = VOCAB, seed: int = 0, layers: int = 4):
     torch.manual_seed(seed)
     common = dict(

@@ -46,8 +46,13 @@ def reference_block(drafter, sequence: torch.Tensor, mask: torch.Tensor):
     return tokens, (confidences or None)
 
 
-def reference_rounds(target, drafter, prompt, expected, attention_mask=None, threshold=0.0, cap=None, costs=None):
-    """Every round generate() must make, as dicts of RoundRecord fields, given the plain greedy output `expected`."""
+def reference_rounds(
+    target, drafter, prompt, expected, attention_mask=None, threshold=0.0, cap=None, costs=None, timings=None
+):
+    """Every round generate() must make, as dicts of RoundRecord fields, given the plain greedy output `expected`.
+
+    With `costs` (the cost scheduler), `timings` are the seconds each real round took: the
+    drafting gate prices rounds by the clock, so it is fed the same numbers."""
     mask = attention_mask if attention_mask is not None else torch.ones_like(prompt)
     cap = drafter.config.num_draft_tokens if cap is None else cap
     gate = DraftingGate(costs) if costs is not None else None
@@ -81,7 +86,7 @@ def reference_rounds(target, drafter, prompt, expected, attention_mask=None, thr
                  num_accepted=accepted, committed_ids=committed)
         )
         if gate is not None:
-            gate.record(bool(tokens), verified, len(committed))
+            gate.record(bool(tokens), len(committed), timings[len(rounds) - 1])
         sequence += committed
     return rounds
 

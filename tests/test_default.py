@@ -43,7 +43,8 @@ def test_default_pair_is_lossless_and_fast_enough(default_pair):
     for prompt in PROMPTS:
         ids = torch.tensor([render_prompt(tokenizer, prompt)])
         expected = target.generate(ids, max_new_tokens=48, do_sample=False)
-        produced = target.generate(ids, max_new_tokens=48, do_sample=False, assistant_model=drafter)
+        produced = target.generate(ids, max_new_tokens=48, do_sample=False, assistant_model=drafter,
+                                   dspark_scheduler="threshold")  # the whole block, as tau is defined
         assert produced.tolist() == expected.tolist()
         taus.append(summarize(drafter.last_trace).tau)
     print("tau per prompt:", [round(t, 2) for t in taus])

@@ -141,7 +141,7 @@ def edit_config(path, **changes):
         (dict(layer_types=["sliding_attention"]), r"required field 'sliding_window' is missing"),
         (dict(markov_head_type="lstm"), r"'markov_head_type' is 'lstm'; expected one of"),
         (dict(num_target_layers=36), r"'num_target_layers' is 36 but the target .* has 4"),
-        (dict(target_layer_ids=[0, 3]), r"names layer 3, the target's final layer"),
+        (dict(target_layer_ids=[0, 3]), r"'target_layer_ids' names 3, the target's final layer"),
         (dict(target_layer_ids=[0, 7]), r"contains 7, out of range .* expected ids in \[-1, 2\]"),
         (dict(target_layer_ids=[-2, 1]), r"contains -2, out of range"),
         (dict(mask_token_id=VOCAB), rf"'mask_token_id' is {VOCAB}; expected a token id in \[0, {VOCAB}\)"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 import torch
@@ -41,6 +42,27 @@ def cost_config(**fields) -> GenerationConfig:
     return GenerationConfig(dspark_scheduler="cost", **fields)
 
 
+def simulate_costs(monkeypatch, target, drafter, table: CostTable) -> None:
+    """Make the clock generation reads tick as `table` says: T_draft per draft pass, T_verify(n) per forward.
+
+    The drafting gate prices rounds by the clock; with this, what it sees is the table."""
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr("dspark_hf.core.generation.time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+    draft, forward = drafter.draft, target.forward
+
+    def timed_draft(*args, **kwargs):
+        clock.now += table.draft_seconds
+        return draft(*args, **kwargs)
+
+    def timed_forward(input_ids=None, **kwargs):
+        clock.now += table.verify(min(input_ids.shape[1], len(table.verify_seconds)))
+        return forward(input_ids=input_ids, **kwargs)
+
+    monkeypatch.setattr(drafter, "draft", timed_draft)
+    monkeypatch.setattr(target, "forward", timed_forward)
+    drafter.cost_table = table
+
+
 # ------------------------------------------------------------- pure math
 def test_flat_costs_verify_every_confident_token():
     c = torch.tensor([0.9, 0.8, 0.7, 0.6])
@@ -57,12 +79,18 @@ def test_length_follows_expected_tokens_per_second():
     assert cost_aware_length(torch.tensor([0.4, 0.99]), HALF_FORWARD_PER_TOKEN, 2) == 0  # 1.4/1.5 < 1
 
 
-def test_walk_stops_at_the_first_position_that_does_not_pay():
-    # Verifying 1 draft token costs what 3 do. All three would pay (E = 3.44 in 2 s beats 1 token/s), but
-    # position 1 alone does not (1.9 in 2 s), and the walk stops there: looking further would let the decision
-    # about x_1 depend on c_2 and c_3, which are computed from x_1.
+def test_walk_looks_ahead_with_the_current_confidence_only():
+    # Verifying 1 draft token costs what 3 do (a CPU's step from one token to several). Position 1 alone does
+    # not pay (1.9 tokens in 2 s < 1 token/s), but three tokens at c_1 = 0.9 each would (3.44 in 2 s): x_1 is kept.
     step = CostTable(0.0, (1.0, 2.0, 2.0, 2.0))
-    assert cost_aware_length(torch.tensor([0.9, 0.9, 0.9]), step, 3) == 0
+    assert cost_aware_length(torch.tensor([0.9, 0.9, 0.9]), step, 3) == 3
+    # With c_1 = 0.3 even three would not (1.39 in 2 s): nothing is verified, whatever c_2 and c_3 say --
+    # reading them would make the decision about x_1 depend on x_1, which they are computed from.
+    assert cost_aware_length(torch.tensor([0.3, 0.99, 0.99]), step, 3) == 0
+    # the walk still stops at the first position that does not pay: with each token past the step costing 0.5 s,
+    # x_2 at c_2 = 0.2 brings 0.18 tokens for 0.5 s (2.08 / 2.5 < 1.9 / 2), and anything longer is worse
+    rising = CostTable(0.0, (1.0, 2.0, 2.5, 3.0))
+    assert cost_aware_length(torch.tensor([0.9, 0.2, 0.99]), rising, 3) == 1
 
 
 def test_decision_never_reads_later_confidences():
@@ -78,15 +106,31 @@ def test_decision_never_reads_later_confidences():
 def test_gate_skips_when_drafted_rounds_lose_to_plain_decoding():
     gate = DraftingGate(TABLES["graded"], window=2, probe_every=3)
     assert gate.should_draft()  # no history yet
-    gate.record(drafted=True, num_verified=2, num_committed=1)  # 1 token in 1.4 s < 1 token/s
+    gate.record(drafted=True, num_committed=1, seconds=1.4)  # 1 token in 1.4 s < the table's 1 token/s
     assert not gate.should_draft()
     for _ in range(3):
         assert not gate.should_draft()
-        gate.record(drafted=False, num_verified=0, num_committed=1)
+        gate.record(drafted=False, num_committed=1, seconds=1.0)
     assert gate.should_draft()  # probe
-    gate.record(drafted=True, num_verified=2, num_committed=3)  # window: 4 tokens in 2.8 s
+    gate.record(drafted=True, num_committed=3, seconds=1.4)  # window: 4 tokens in 2.8 s
     assert gate.should_draft()
-    gate.record(drafted=True, num_verified=0, num_committed=1)  # 1 token in 1 s: a tie with plain decoding drafts
+    gate.record(drafted=True, num_committed=1, seconds=1.0)  # 1 token in 1 s: a tie with plain decoding drafts
+    assert gate.should_draft()
+
+
+def test_gate_notices_a_machine_that_got_busier():
+    """The table was profiled on an idle machine; under load a verify round takes 8x longer, a plain step 1.3x."""
+    gate = DraftingGate(HALF_FORWARD_PER_TOKEN, window=2, probe_every=4)
+    gate.record(drafted=True, num_committed=3, seconds=2.5)  # as profiled: 3 tokens in 2.5 s beats 1 token/s
+    assert gate.should_draft()
+    gate.record(drafted=True, num_committed=3, seconds=20.0)
+    gate.record(drafted=True, num_committed=3, seconds=20.0)  # loaded: 6 tokens in 40 s
+    assert not gate.should_draft()
+    for _ in range(4):
+        gate.record(drafted=False, num_committed=1, seconds=1.3)  # plain steps, measured under the same load
+    assert gate.should_draft()  # the probe
+    gate.record(drafted=True, num_committed=3, seconds=2.6)  # load gone: drafting pays again against 1.3 s steps
+    gate.record(drafted=True, num_committed=3, seconds=2.6)
     assert gate.should_draft()
 
 
@@ -101,10 +145,10 @@ def test_cost_table_rejects_nonsense():
 # --------------------------------------------------- lossless generation
 @pytest.mark.parametrize("table", list(TABLES))
 @pytest.mark.parametrize("block_size", [2, 5, 8])
-def test_greedy_equals_plain_generate(table, block_size, tmp_path):
+def test_greedy_equals_plain_generate(table, block_size, tmp_path, monkeypatch):
     target = tiny_target("qwen3")
     drafter = build(target, tmp_path, "bigram", block_size=block_size)
-    drafter.cost_table = TABLES[table]
+    simulate_costs(monkeypatch, target, drafter, TABLES[table])
     drafter.generation_config.dspark_scheduler = "cost"
     rounds = []
     for i, prompt in enumerate(prompts(4, seed=block_size)):
@@ -113,7 +157,9 @@ def test_greedy_equals_plain_generate(table, block_size, tmp_path):
         produced = target.generate(prompt, max_new_tokens=new_tokens, do_sample=False, assistant_model=drafter)
         assert produced.tolist() == expected.tolist()
         assert_trace_matches_output(drafter, prompt, produced)
-        assert_rounds_match(drafter.last_trace, reference_rounds(target, drafter, prompt, expected, costs=TABLES[table]))
+        timings = [r.draft_seconds + r.verify_seconds for r in drafter.last_trace]
+        reference = reference_rounds(target, drafter, prompt, expected, costs=TABLES[table], timings=timings)
+        assert_rounds_match(drafter.last_trace, reference)
         rounds += drafter.last_trace
     skipped = [r for r in rounds if not r.draft_ids]
     assert all(r.num_verified == 0 and len(r.committed_ids) == 1 for r in skipped)
@@ -137,11 +183,11 @@ def fresh_draft(drafter, sequence: torch.Tensor, position: int):
 
 
 @torch.no_grad()
-def test_drafting_resumes_with_the_right_context_after_skipped_rounds(tmp_path):
+def test_drafting_resumes_with_the_right_context_after_skipped_rounds(tmp_path, monkeypatch):
     """Skipped rounds still feed the context cache: the next draft equals one made from scratch."""
     target = tiny_target("qwen3")
     drafter = build(target, tmp_path, "bigram", block_size=5)
-    drafter.cost_table = TABLES["skip"]
+    simulate_costs(monkeypatch, target, drafter, TABLES["skip"])
     prompt = prompts(1, seed=4)[0]
     config = cost_config(max_new_tokens=60, do_sample=False)
     output = target.generate(prompt, generation_config=config, assistant_model=drafter)
@@ -155,12 +201,12 @@ def test_drafting_resumes_with_the_right_context_after_skipped_rounds(tmp_path):
 
 
 @pytest.mark.parametrize("table", ["graded", "skip"])
-def test_sampled_output_has_the_target_distribution(table, tmp_path):
+def test_sampled_output_has_the_target_distribution(table, tmp_path, monkeypatch):
     """The first three tokens of six: round 1 verifies up to a whole block, round 2 depends on round 1."""
     target = tiny_target("qwen3", vocab=SMALL_VOCAB, seed=7, layers=3)
     path = write_deepspec(target, tmp_path / "d", mask_token_id=SMALL_VOCAB - 1, markov_rank=4, block_size=4)
     drafter = DSparkDrafter.from_pretrained(path, target)
-    drafter.cost_table = TABLES[table]
+    simulate_costs(monkeypatch, target, drafter, TABLES[table])
     config = cost_config(do_sample=True, temperature=0.8, top_k=4, max_new_tokens=6)
     prompt = torch.tensor([[1, 3, 0, 2]])
     length, samples = 3, 1500
@@ -181,10 +227,10 @@ def test_sampled_output_has_the_target_distribution(table, tmp_path):
 
 
 # ------------------------------------------------------- the setting
-def test_scheduler_setting_precedence(tmp_path):
+def test_scheduler_setting_precedence(tmp_path, monkeypatch):
     target = tiny_target("llama")
     drafter = build(target, tmp_path, "bigram", block_size=7)
-    drafter.cost_table = TABLES["skip"]
+    simulate_costs(monkeypatch, target, drafter, TABLES["skip"])
     prompt = prompts(1, seed=3)[0]
 
     def skipped_rounds(config=None) -> int:
@@ -192,12 +238,15 @@ def test_scheduler_setting_precedence(tmp_path):
         target.generate(prompt, generation_config=config, assistant_model=drafter)
         return sum(not r.draft_ids for r in drafter.last_trace[:-1])
 
-    assert skipped_rounds() == 0  # default: threshold scheduler
+    assert skipped_rounds() == 0  # the tests' default: threshold scheduler (conftest)
     drafter.generation_config.dspark_scheduler = "cost"
     assert skipped_rounds() > 0
     assert skipped_rounds(GenerationConfig(max_new_tokens=30, dspark_scheduler="threshold")) == 0
     drafter.generation_config.dspark_scheduler = "threshold"
     assert skipped_rounds(cost_config(max_new_tokens=30)) > 0
+    assert skipped_rounds(GenerationConfig(max_new_tokens=30, do_sample=False)) == 0
+    target.generate(prompt, max_new_tokens=30, do_sample=False, assistant_model=drafter, dspark_scheduler="cost")
+    assert drafter.last_scheduler == "cost"  # a generate() kwarg like the other scheduler fields
     with pytest.raises(ValueError, match="dspark_scheduler"):
         target.generate(prompt, generation_config=GenerationConfig(max_new_tokens=3, dspark_scheduler="fast"),
                         assistant_model=drafter)
@@ -232,3 +281,24 @@ def test_profiled_once_then_read_from_disk(tmp_path, monkeypatch):
     assert profile_costs(again, refresh=True) == TABLES["flat"] == again.cost_table
     # another dtype is another table
     assert cost_table_path(again.to(torch.bfloat16)) != path
+
+
+@pytest.mark.parametrize("table, chosen", [("flat", "threshold"), ("graded", "cost")])
+def test_auto_picks_the_cost_scheduler_where_verifying_a_block_is_dear(table, chosen, tmp_path, monkeypatch):
+    monkeypatch.setattr("dspark_hf.core.scheduling.DEFAULT_SCHEDULER", "auto")  # the package default
+    target = tiny_target("llama")
+    drafter = build(target, tmp_path, "bigram", block_size=5)
+    assert drafter.generation_config.dspark_scheduler == "auto"
+    drafter.cost_table = TABLES[table]  # graded: T_verify(6) = 2.0 s against 1.0 s for one token
+    target.generate(prompts(1)[0], max_new_tokens=12, do_sample=False, assistant_model=drafter)
+    assert drafter.last_scheduler == chosen
+
+
+def test_first_profile_is_announced(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DSPARK_HF_CACHE", str(tmp_path / "cache"))
+    target = tiny_target("llama")
+    drafter = build(target, tmp_path, "bigram", block_size=4)
+    profile_costs(drafter)
+    assert "profiling verify and draft costs" in capsys.readouterr().err
+    profile_costs(drafter)
+    assert capsys.readouterr().err == ""  # cached: said once

@@ -49,12 +49,23 @@ def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def cpu_model() -> str:
+    """The CPU's marketing name where Linux tells it; platform.processor() is often empty."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "CPU"
+
+
 def _device_name(device: torch.device) -> str:
     """The hardware, not just 'cuda:0': a table from another GPU model (or thread count) is not valid here."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type == "cpu":
-        return f"{platform.machine()} {platform.processor()} threads={torch.get_num_threads()}"
+        return f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} threads"
     return device.type
 
 

@@ -12,7 +12,8 @@ kwarg or in a GenerationConfig) wins; otherwise `drafter.generation_config` deci
 
 * `dspark_scheduler`: "threshold" cuts at the first confidence below
   `assistant_confidence_threshold`; "cost" also weighs expected tokens against the
-  device's cost table and skips drafting when it does not pay (see scheduling.py).
+  device's cost table and skips drafting when it does not pay (see scheduling.py);
+  "auto", the default, profiles the device once and picks one of the two.
 * `assistant_confidence_threshold`, `num_assistant_tokens`: as in transformers.
 
 When the drafter has STS temperatures (`drafter.calibration`), both schedulers
@@ -31,7 +32,16 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from .costs import profile_costs, synchronize
 from .modeling import ContextCache, DraftBlock, DraftModel
 from .sampling import DraftTokenChooser
-from .scheduling import COST_SCHEDULER, SCHEDULERS, CostTable, DraftingGate, cost_aware_length, threshold_length
+from .scheduling import (
+    AUTO_SCHEDULER,
+    COST_SCHEDULER,
+    SCHEDULERS,
+    THRESHOLD_SCHEDULER,
+    CostTable,
+    DraftingGate,
+    cost_aware_length,
+    threshold_length,
+)
 from .trace import RoundRecord
 
 SCHEDULER_FIELDS = ("assistant_confidence_threshold", "num_assistant_tokens", "dspark_scheduler")
@@ -87,9 +97,13 @@ def scheduler_setting(key: str, generation_config: GenerationConfig, drafter) ->
 
 
 def scheduler_name(generation_config: GenerationConfig, drafter) -> str:
+    """The scheduler this call uses; "auto" resolved through the device's cost table."""
     name = scheduler_setting("dspark_scheduler", generation_config, drafter)
     if name not in SCHEDULERS:
         raise ValueError(f"dspark_scheduler is {name!r}; expected one of {list(SCHEDULERS)}.")
+    if name == AUTO_SCHEDULER:
+        wins = cost_table(drafter).prefers_cost_scheduler(drafter.config.num_draft_tokens)
+        name = COST_SCHEDULER if wins else THRESHOLD_SCHEDULER
     return name
 
 
@@ -134,8 +148,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
             raise ValueError(f"assistant_confidence_threshold is {self.threshold}; expected a value in [0, 1].")
         self.cap = int(scheduler_setting("num_assistant_tokens", generation_config, drafter))
         self.calibration = drafter.calibration
-        use_costs = scheduler_name(generation_config, drafter) == COST_SCHEDULER
-        self.gate = DraftingGate(cost_table(drafter)) if use_costs else None
+        self.scheduler = scheduler_name(generation_config, drafter)
+        drafter.last_scheduler = self.scheduler
+        self.gate = DraftingGate(cost_table(drafter)) if self.scheduler == COST_SCHEDULER else None
         self.draft_token_ids = drafter.draft_token_ids()
         self.cache = ContextCache()
         self.context_tokens = 0  # sequence positions whose target hidden states are in the cache
@@ -235,6 +250,6 @@ class DSparkCandidateGenerator(CandidateGenerator):
         )
         self.trace.append(record)
         if self.gate is not None:
-            self.gate.record(block is not None, record.num_verified, len(record.committed_ids))
+            self.gate.record(block is not None, len(record.committed_ids), record.draft_seconds + record.verify_seconds)
         if self.drafter.on_round is not None:
             self.drafter.on_round(record)

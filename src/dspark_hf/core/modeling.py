@@ -259,6 +259,7 @@ class DraftModel(nn.Module):
         self.__dict__["target"] = target
         self.generation_config = default_generation_config(config)
         self.last_trace: list = []  # one RoundRecord per drafting round of the latest generate() call
+        self.last_scheduler: Optional[str] = None  # the scheduler that call used ("auto" resolved)
         self.on_round: Optional[Callable] = None  # called with each RoundRecord as soon as its round ends
         self.calibration = None  # STS temperatures, read from dspark_calibration.json when the checkpoint has one
         self.cost_table = None  # verify/draft timings for the cost scheduler: profiled on first use, or assigned

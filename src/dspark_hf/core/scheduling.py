@@ -1,16 +1,17 @@
 """Which prefix of a draft block is worth sending to the target, and whether to draft at all.
 
 A schedule may depend on c_1..c_k (computed from x_{<k}) when it decides about
-x_k, never on x_k itself or later tokens; otherwise the output distribution shifts
-(the paper's Appendix A). Cutting at the first low confidence obeys that rule, and
-so does the cost-aware walk below, because it stops at the first position that
-does not pay. Deciding whether to draft from past rounds only obeys it trivially.
+x_k, never on x_k itself or on later tokens; otherwise the output distribution
+shifts (the paper's Appendix A). Cutting at the first low confidence obeys that
+rule, and so does the cost-aware walk below: its decision about x_j reads c_1..c_j
+and the cost table only. Deciding whether to draft from past rounds obeys it trivially.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import statistics
 from typing import Optional
 
 import torch
@@ -18,14 +19,18 @@ from transformers import GenerationConfig
 
 from .config import DSparkConfig
 
-# Verify the whole block unless told otherwise: it maximises tau, it is the paper's
-# "scheduler off" setting, and on a GPU verifying 8 tokens costs about as much as 1.
+# With the threshold scheduler, verify the whole block unless told otherwise: it maximises
+# tau, and it is the paper's "scheduler off" setting.
 DEFAULT_CONFIDENCE_THRESHOLD = 0.0
 
-# The names `generation_config.dspark_scheduler` accepts.
-THRESHOLD_SCHEDULER = "threshold"
-COST_SCHEDULER = "cost"
-SCHEDULERS = (THRESHOLD_SCHEDULER, COST_SCHEDULER)
+# The names `generation_config.dspark_scheduler` accepts. "auto" (the default) profiles this
+# device once and picks "cost" where verifying a whole block costs much more than one token
+# (a CPU), "threshold" where it does not (a GPU).
+AUTO_SCHEDULER, THRESHOLD_SCHEDULER, COST_SCHEDULER = "auto", "threshold", "cost"
+SCHEDULERS = (AUTO_SCHEDULER, THRESHOLD_SCHEDULER, COST_SCHEDULER)
+DEFAULT_SCHEDULER = AUTO_SCHEDULER
+# "auto" picks the cost scheduler when T_verify(whole block) / T_verify(1) is above this.
+AUTO_COST_RATIO = 1.25
 
 
 def default_generation_config(config: DSparkConfig) -> GenerationConfig:
@@ -33,7 +38,7 @@ def default_generation_config(config: DSparkConfig) -> GenerationConfig:
     return GenerationConfig(
         assistant_confidence_threshold=DEFAULT_CONFIDENCE_THRESHOLD,
         num_assistant_tokens=config.num_draft_tokens,
-        dspark_scheduler=THRESHOLD_SCHEDULER,
+        dspark_scheduler=DEFAULT_SCHEDULER,
     )
 
 
@@ -57,6 +62,11 @@ class CostTable:
         """cost(l) = T_draft + T_verify(1 + l): a round that drafts and sends l tokens to the target."""
         return self.draft_seconds + self.verify(1 + num_verified)
 
+    def prefers_cost_scheduler(self, num_draft_tokens: int) -> bool:
+        """What "auto" decides: is verifying a whole block much dearer than one token here?"""
+        longest = min(num_draft_tokens + 1, len(self.verify_seconds))
+        return self.verify(longest) / self.verify(1) > AUTO_COST_RATIO
+
     def to_dict(self) -> dict:
         return {"draft_seconds": self.draft_seconds, "verify_seconds": list(self.verify_seconds)}
 
@@ -71,56 +81,68 @@ def threshold_length(confidences: Optional[torch.Tensor], threshold: float, num_
 
 
 def cost_aware_length(confidences: Optional[torch.Tensor], costs: CostTable, cap: int) -> int:
-    """Algorithm 1 with one request: verify while expected tokens per second still rise.
+    """Algorithm 1 with one request, looking ahead without anticipating.
 
     With survival a_j = prod_{i<=j} c_i, a round that verifies l tokens commits
-    E(l) = 1 + sum_{j<=l} a_j tokens in cost(l) = T_draft + T_verify(1 + l). Position j
-    is added only if E(j)/cost(j) beats E(j-1)/cost(j-1), and the walk ends at the
-    first j that does not, so the decision about x_j reads c_1..c_j only. Without
-    confidences there is nothing to weigh and the whole `cap` is verified.
+    E(l) = 1 + sum_{j<=l} a_j tokens in cost(l) = T_draft + T_verify(1 + l). At position j,
+    knowing c_1..c_j, x_j is kept when some length l >= j would beat stopping at j - 1 on
+    E/cost, with the confidences after j taken to equal c_j: the real c_{j+1}.. are computed
+    from x_j, so reading them here would anticipate. The walk stops at the first j that
+    does not pay. Looking ahead matters where costs come in steps: on a CPU, verifying 2
+    tokens costs much more than 1, while 3..8 cost barely more than 2. Without confidences
+    there is nothing to weigh, and the whole `cap` is verified.
     """
     if confidences is None:
         return cap
     survival, expected = 1.0, 1.0
-    best_rate = expected / costs.drafted_round(0)
     for j in range(1, cap + 1):
-        survival *= float(confidences[j - 1])
-        rate = (expected + survival) / costs.drafted_round(j)
-        if rate <= best_rate:
+        stop_rate = expected / costs.drafted_round(j - 1)
+        c = float(confidences[j - 1])
+        best_rate, projected, chance = 0.0, expected, survival
+        for length in range(j, cap + 1):  # c_j for position j, and as the estimate of every later one
+            chance *= c
+            projected += chance
+            best_rate = max(best_rate, projected / costs.drafted_round(length))
+        if best_rate <= stop_rate:
             return j - 1
-        expected, best_rate = expected + survival, rate
+        survival *= c
+        expected += survival
     return cap
 
 
 class DraftingGate:
     """Whether the next round should draft at all, judged from past rounds only.
 
-    Drafting pays when recent drafted rounds committed at least as many tokens per
-    second as plain decoding does (one token per T_verify(1)); the first round
-    always drafts. Rounds are priced with the cost table rather than the wall clock
-    so the choice is reproducible. While drafting does not pay, rounds skip the
-    draft pass; every `probe_every` skipped rounds one round drafts anyway, so the
-    gate notices when drafting pays again.
+    Drafting pays while recent drafted rounds commit tokens at least as fast as plain
+    decoding does. Both are measured on this run's own rounds, so the gate notices when
+    the machine gets busier (another process, fewer free cores) and verification slows
+    more than a single step does; until a plain step has been seen, the cost table's
+    T_verify(1) stands for it. The first round always drafts. While drafting does not
+    pay, rounds skip the draft pass, and every `probe_every` skipped rounds one drafts
+    anyway, so the gate notices when drafting pays again.
     """
 
     def __init__(self, costs: CostTable, window: int = 4, probe_every: int = 8):
         self.costs = costs
         self.probe_every = probe_every
-        self.recent = collections.deque(maxlen=window)  # (tokens committed, table seconds) of drafted rounds
+        self.drafted = collections.deque(maxlen=window)  # (tokens committed, seconds) of drafted rounds
+        self.plain = collections.deque(maxlen=window)  # seconds of rounds that skipped drafting (one token each)
         self.skipped_in_a_row = 0
 
-    def drafting_rate(self) -> float:
-        """Committed tokens per table-second over the recent drafted rounds."""
-        return sum(tokens for tokens, _ in self.recent) / sum(seconds for _, seconds in self.recent)
+    def plain_seconds(self) -> float:
+        return statistics.median(self.plain) if self.plain else self.costs.verify(1)
 
     def should_draft(self) -> bool:
-        if not self.recent or self.skipped_in_a_row >= self.probe_every:
+        if not self.drafted or self.skipped_in_a_row >= self.probe_every:
             return True
-        return self.drafting_rate() >= 1.0 / self.costs.verify(1)
+        tokens = sum(count for count, _ in self.drafted)
+        seconds = sum(spent for _, spent in self.drafted)
+        return tokens / seconds >= 1.0 / self.plain_seconds()
 
-    def record(self, drafted: bool, num_verified: int, num_committed: int) -> None:
+    def record(self, drafted: bool, num_committed: int, seconds: float) -> None:
         if drafted:
-            self.recent.append((num_committed, self.costs.drafted_round(num_verified)))
+            self.drafted.append((num_committed, seconds))
             self.skipped_in_a_row = 0
         else:
+            self.plain.append(seconds)
             self.skipped_in_a_row += 1

@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 from transformers import GenerationConfig
 
+from ..core.costs import cpu_model
 from ..core.trace import RoundRecord, summarize
 from ..formats.loader import DSparkDrafter
 from .prompts import read_prompts, render_prompt
@@ -283,17 +284,6 @@ def result_rows(runs: dict[str, dict[str, Runs]], methods: list[Method], greedy:
                 }
             )
     return rows
-
-
-def cpu_model() -> str:
-    """The CPU's marketing name where Linux tells it; platform.processor() is often just 'x86_64'."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def describe_environment(target) -> dict:
