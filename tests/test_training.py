@@ -199,3 +199,28 @@ def test_greedy_tau_replays_generate_exactly(pruned, tmp_path):
     replayed = greedy_tau(drafter, held_out, FeatureStore(target, config.target_layer_ids), max_tokens=768)
     assert summarize(rounds).tau > 1.3  # a drafter that gets accepted, so the replay is tested on real rounds
     assert replayed == pytest.approx(summarize(rounds).tau, abs=1e-9)
+
+
+def test_a_full_vocabulary_drafter_prunes_to_the_answer_tokens_it_drafts_the_same_on(tmp_path):
+    """--init-from with --draft-vocab: W2 rows and LM-head rows are cut to the most frequent answer tokens."""
+    target = tiny_target("qwen3", seed=2)
+    data = regenerated(target, count=20)
+    config = drafter_config(target, block_size=4, target_layer_ids=[0, 2])
+    train(target, data, tmp_path / "full", config=config, settings=TrainSettings(max_steps=30, **SETTINGS),
+          progress=False)
+    full = DSparkDrafter.from_pretrained(tmp_path / "full", target)
+    vocabulary = answer_vocabulary(data, VOCAB, 20)
+    small = trainer_module.pruned(full, vocabulary)
+    assert small.config.draft_vocab_size == 20 and small.draft_token_ids().tolist() == vocabulary.tolist()
+    hidden = torch.randn(3, 32)
+    torch.testing.assert_close(small.draft_logits(hidden), full.draft_logits(hidden)[:, vocabulary])
+    bias_small = small.markov_head(hidden, torch.tensor([1, 2, 3]))[0]
+    bias_full = full.markov_head(hidden, torch.tensor([1, 2, 3]))[0]
+    torch.testing.assert_close(bias_small, bias_full[:, vocabulary])
+    # zero training steps from it: the saved drafter is exactly the pruned copy
+    pruned_config = drafter_config(target, block_size=4, target_layer_ids=[0, 2], draft_vocab_size=20)
+    train(target, data, tmp_path / "pruned", config=pruned_config, init_from=tmp_path / "full",
+          settings=TrainSettings(max_steps=0, **SETTINGS), progress=False)
+    reloaded = DSparkDrafter.from_pretrained(tmp_path / "pruned", target)
+    assert reloaded.draft_token_ids().tolist() == vocabulary.tolist()
+    torch.testing.assert_close(reloaded.markov_head.markov_w2.weight, small.markov_head.markov_w2.weight)

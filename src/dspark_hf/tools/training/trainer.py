@@ -155,12 +155,24 @@ def vocabulary_index(token_ids: Optional[torch.Tensor], vocab_size: int) -> Opti
     return index
 
 
-def prune_to(drafter: DSparkDrafter, token_ids: torch.Tensor) -> None:
-    """Give a fresh drafter the draft vocabulary `token_ids`: d2t, and an LM head of the target's rows, frozen."""
-    with torch.no_grad():
-        drafter.d2t.copy_(token_ids - torch.arange(len(token_ids)))
-        drafter.lm_head.weight.copy_(drafter.target_lm_head.weight[token_ids])
-    drafter.lm_head.weight.requires_grad_(False)
+def pruned(drafter: DSparkDrafter, token_ids: torch.Tensor) -> DSparkDrafter:
+    """The drafter restricted to the draft vocabulary `token_ids` (sorted target ids), FR-Spec style:
+    the target's LM-head rows for them, the matching rows of the Markov W2, and d2t."""
+    config = dataclasses.replace(drafter.config, draft_vocab_size=len(token_ids))
+    state = {key: value for key, value in drafter.state_dict().items() if key not in ("d2t", "lm_head.weight")}
+    if drafter.config.pruned:  # re-pruning: W2 rows are indexed by the old draft vocabulary
+        old = vocabulary_index(drafter.draft_token_ids(), drafter.config.vocab_size)[token_ids]
+        if (old < 0).any():
+            raise ValueError("A pruned drafter can only be pruned to a subset of its draft vocabulary.")
+    else:
+        old = token_ids
+    if "markov_head.markov_w2.weight" in state:
+        state["markov_head.markov_w2.weight"] = state["markov_head.markov_w2.weight"][old]
+    state["d2t"] = token_ids - torch.arange(len(token_ids))
+    state["lm_head.weight"] = drafter.target_lm_head.weight.detach()[token_ids].to(drafter.dtype)
+    result = DSparkDrafter(config, drafter.target)
+    result.load_state_dict(state)
+    return result.to(drafter.device)
 
 
 @dataclasses.dataclass
@@ -369,18 +381,20 @@ def train(
         start_step, arch = state["step"], state["arch"]
     elif init_from is not None:
         drafter = DSparkDrafter.from_pretrained(init_from, target, dtype=torch.float32)
+        if config is not None and config.pruned and config.draft_vocab_size != drafter.config.draft_vocab_size:
+            drafter = pruned(drafter, answer_vocabulary(records, drafter.config.vocab_size, config.draft_vocab_size))
     elif config is None:
         raise ValueError(f"No checkpoint to resume in {checkpoint}; pass a DSparkConfig to start a new run.")
     else:
         torch.manual_seed(settings.seed)  # the same settings always start from the same weights
-        drafter = DSparkDrafter(config, target)
+        drafter = DSparkDrafter(dataclasses.replace(config, draft_vocab_size=None), target)
         init_from_target(drafter, target)
+        if config.pruned:  # FR-Spec: the most frequent answer tokens
+            drafter = pruned(drafter, answer_vocabulary(records, config.vocab_size, config.draft_vocab_size))
     store = FeatureStore(target, drafter.config.target_layer_ids, Path(feature_cache) if feature_cache else None)
     vocab_size = drafter.config.vocab_size
     if drafter.config.pruned:
-        if state is None and init_from is None:  # a fresh pruned drafter: FR-Spec's most frequent answer tokens
-            prune_to(drafter, answer_vocabulary(records, vocab_size, drafter.config.draft_vocab_size))
-        drafter.lm_head.weight.requires_grad_(False)
+        drafter.lm_head.weight.requires_grad_(False)  # the target's rows: FR-Spec keeps them
         loss_ids = drafter.draft_token_ids()
     elif settings.loss_vocab == "responses":
         loss_ids = answer_vocabulary(records, vocab_size)
