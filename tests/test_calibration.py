@@ -164,3 +164,21 @@ def test_calibrate_command_writes_json_table_and_diagram(tmp_path, monkeypatch, 
     assert (path / calibrate_command.DIAGRAM_FILE).stat().st_size > 1000
     assert list((tmp_path / "cache" / "cost_tables").glob("*.json"))
     assert DSparkDrafter.from_pretrained(path, target).calibration.temperatures == result["temperatures"]
+
+
+def test_fits_on_the_grid_edge_or_without_held_out_gain_are_rejected():
+    outcomes = overconfident_rounds(rounds=20000, positions=3, sharpness=2.5, seed=2)
+    # position 2 carries no signal: its confidence is noise, so flattening it keeps lowering the ECE
+    noise = torch.rand(outcomes.num_rounds, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    outcomes.confidences[:, 1] = 0.05 + 0.9 * noise
+    held_out = overconfident_rounds(rounds=20000, positions=3, sharpness=1.0, seed=3)  # already calibrated
+    held_out.confidences[:, 1] = outcomes.confidences[:, 1]
+    temperatures, decisions = sts.fit_temperatures(outcomes)
+    assert decisions[1] == "edge" and temperatures[1] == 1.0
+    # the fit undoes a 2.5x sharpening that the held-out rounds do not have: no gain there, so T stays 1
+    calibration = sts.calibrate(outcomes, held_out)
+    assert calibration.decisions[0] == "no held-out gain" and calibration.temperatures[0] == 1.0
+    assert all(after <= before + 1e-12 for before, after in zip(calibration.ece_before, calibration.ece_after))
+    # the same rounds checked on rounds like them: the temperature is kept
+    kept = sts.calibrate(outcomes, overconfident_rounds(rounds=20000, positions=3, sharpness=2.5, seed=4))
+    assert kept.decisions[0] == "fitted" and 2.0 < kept.temperatures[0] < 3.1

@@ -10,8 +10,12 @@ keeps the order of confidences at each position.
 
 The fit runs on rounds of greedy generation that verify the whole block, so every
 position up to the verified length has an observed outcome (`dspark calibrate`
-collects them). The result is written to `dspark_calibration.json` next to the
-drafter, where `from_pretrained` finds it.
+collects them). A temperature is kept only where it earns its place: a fit that lands
+on the edge of the grid is rejected (the ECE there keeps falling as the confidences
+flatten towards 0.5, which says the position carries little signal, not that it is
+calibrated), and so is one that does not lower the ECE, or that lowers the AUC, on
+held-out rounds; such positions keep T = 1. The result is written to
+`dspark_calibration.json` next to the drafter, where `from_pretrained` finds it.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from .config import CheckpointError
 
 CALIBRATION_FILE = "dspark_calibration.json"
 DEFAULT_BINS = 10
-# Temperatures 0.05 .. 20 in steps of 10^0.01 (about 2.3%); index 130 is exactly 1.
-TEMPERATURE_GRID = 10 ** (torch.arange(-130, 131, dtype=torch.float64) / 100)
+# Temperatures 0.1 .. 10 in steps of 10^0.01 (about 2.3%); index 100 is exactly 1.
+TEMPERATURE_GRID = 10 ** (torch.arange(-100, 101, dtype=torch.float64) / 100)
+AUC_TOLERANCE = 0.005  # a held-out AUC drop beyond this rejects a temperature
 
 
 # ---------------------------------------------------------------- the math
@@ -113,29 +118,49 @@ def prefix_survival(confidences: torch.Tensor) -> torch.Tensor:
     return torch.cumprod(confidences, dim=-1)
 
 
+def _position_error(outcomes: RoundOutcomes, prefix: torch.Tensor, k: int, temperature: float, num_bins: int):
+    """(ECE, AUC) at 0-based position k of prod_{i<=k} c'_i, with earlier positions' product `prefix`."""
+    rows = outcomes.observed[:, k]
+    predicted = prefix[rows] * torch.sigmoid(torch.logit(outcomes.confidences[rows, k]) / temperature)
+    survived = outcomes.survived[rows, k]
+    return expected_calibration_error(predicted, survived, num_bins), rank_auc(predicted, survived)
+
+
 def fit_temperatures(
-    outcomes: RoundOutcomes, grid: torch.Tensor = TEMPERATURE_GRID, num_bins: int = DEFAULT_BINS
-) -> list[float]:
-    """STS: for k = 1, 2, ... pick T_k minimising the ECE of prod_{i<=k} c'_i, earlier T_i fixed."""
-    temperatures: list[float] = []
-    calibrated_prefix = torch.ones(outcomes.num_rounds, dtype=torch.float64)
+    outcomes: RoundOutcomes,
+    held_out: Optional[RoundOutcomes] = None,
+    grid: torch.Tensor = TEMPERATURE_GRID,
+    num_bins: int = DEFAULT_BINS,
+) -> tuple[list[float], list[str]]:
+    """STS: for k = 1, 2, ... pick T_k minimising the ECE of prod_{i<=k} c'_i, earlier T_i fixed.
+
+    Returns the temperatures and, per position, why it has its value: "fitted", "edge"
+    (the best value was the grid's end: rejected), "no held-out gain" (rejected), or
+    "unobserved". Rejected positions keep T = 1.
+    """
+    temperatures, decisions = [], []
+    fit_prefix = torch.ones(outcomes.num_rounds, dtype=torch.float64)
+    check_prefix = None if held_out is None else torch.ones(held_out.num_rounds, dtype=torch.float64)
     for k in range(outcomes.confidences.shape[1]):
-        rows = outcomes.observed[:, k]
-        logits = torch.logit(outcomes.confidences[:, k])
-        temperature = 1.0
-        if rows.any():
-            errors = [
-                expected_calibration_error(
-                    calibrated_prefix[rows] * torch.sigmoid(logits[rows] / candidate),
-                    outcomes.survived[rows, k],
-                    num_bins,
-                )
-                for candidate in grid.tolist()
-            ]
-            temperature = float(grid[min(range(len(errors)), key=errors.__getitem__)])
+        temperature, decision = 1.0, "unobserved"
+        if outcomes.observed[:, k].any():
+            errors = [_position_error(outcomes, fit_prefix, k, t, num_bins)[0] for t in grid.tolist()]
+            best = min(range(len(errors)), key=errors.__getitem__)
+            temperature, decision = float(grid[best]), "fitted"
+            if best in (0, len(grid) - 1):
+                temperature, decision = 1.0, "edge"
+            elif held_out is not None and held_out.observed[:, k].any():
+                ece, auc = _position_error(held_out, check_prefix, k, temperature, num_bins)
+                raw_ece, raw_auc = _position_error(held_out, check_prefix, k, 1.0, num_bins)
+                worse_auc = auc is not None and raw_auc is not None and auc < raw_auc - AUC_TOLERANCE
+                if ece >= raw_ece or worse_auc:
+                    temperature, decision = 1.0, "no held-out gain"
         temperatures.append(temperature)
-        calibrated_prefix = calibrated_prefix * torch.sigmoid(logits / temperature)
-    return temperatures
+        decisions.append(decision)
+        fit_prefix = fit_prefix * torch.sigmoid(torch.logit(outcomes.confidences[:, k]) / temperature)
+        if held_out is not None:
+            check_prefix = check_prefix * torch.sigmoid(torch.logit(held_out.confidences[:, k]) / temperature)
+    return temperatures, decisions
 
 
 @dataclasses.dataclass
@@ -143,6 +168,7 @@ class Calibration:
     """Per-position STS temperatures and the held-out evidence they were fitted on."""
 
     temperatures: list[float]  # all generation needs; the rest is the report
+    decisions: list[str] = dataclasses.field(default_factory=list)  # per position: fitted, edge, no held-out gain
     ece_before: list[Optional[float]] = dataclasses.field(default_factory=list)  # raw prod_{i<=k} c_i
     ece_after: list[Optional[float]] = dataclasses.field(default_factory=list)  # calibrated prod_{i<=k} c'_i
     auc_before: list[Optional[float]] = dataclasses.field(default_factory=list)
@@ -160,9 +186,16 @@ class Calibration:
         Path(path).write_text(json.dumps(dataclasses.asdict(self), indent=2))
 
 
-def calibrate(outcomes: RoundOutcomes, num_bins: int = DEFAULT_BINS, source: Optional[dict] = None) -> Calibration:
-    """Fit STS on `outcomes` and measure ECE and AUC per position before and after."""
-    temperatures = fit_temperatures(outcomes, num_bins=num_bins)
+def calibrate(
+    outcomes: RoundOutcomes,
+    held_out: Optional[RoundOutcomes] = None,
+    num_bins: int = DEFAULT_BINS,
+    source: Optional[dict] = None,
+) -> Calibration:
+    """Fit STS on `outcomes`, check each position on `held_out`, and report ECE and AUC per position
+    before and after on the held-out rounds (on `outcomes` when there are none)."""
+    temperatures, decisions = fit_temperatures(outcomes, held_out, num_bins=num_bins)
+    outcomes = held_out if held_out is not None else outcomes
     before = prefix_survival(outcomes.confidences)
     after = prefix_survival(apply_temperatures(outcomes.confidences, temperatures))
     report: dict[str, list] = {key: [] for key in ("ece_before", "ece_after", "auc_before", "auc", "survival_rate")}
@@ -179,6 +212,7 @@ def calibrate(outcomes: RoundOutcomes, num_bins: int = DEFAULT_BINS, source: Opt
         report["survival_rate"].append(float(survived.double().mean()) if seen else None)
     return Calibration(
         temperatures=temperatures,
+        decisions=decisions,
         rounds_per_position=counts,
         num_rounds=outcomes.num_rounds,
         num_bins=num_bins,
