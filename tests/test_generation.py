@@ -280,3 +280,31 @@ def test_candidate_generator_is_the_public_class(tmp_path):
     )
     assert isinstance(generator, DSparkCandidateGenerator)
     assert generator.model_kwargs_overrides == {"output_hidden_states": [i + 1 for i in drafter.config.target_layer_ids]}
+
+
+def test_a_prefilled_cache_still_gives_the_drafter_the_whole_context(tmp_path):
+    """Prefix caching: transformers' assisted decoding would read the cached start of the prompt twice,
+    and the drafter needs its features; the prompt is read again, with a warning, and every round must
+    equal the reference that sees the whole sequence."""
+    target = tiny_target("qwen3")
+    drafter = build(target, tmp_path, "bigram")
+    prompt = prompts(3, seed=8)[2]
+    with torch.no_grad():
+        prefix_cache = target(prompt[:, :-3], use_cache=True).cache
+    expected = target.generate(prompt, max_new_tokens=25, do_sample=False)
+    with pytest.warns(UserWarning, match=f"already holding {prompt.shape[1] - 3} tokens"):
+        produced = target.generate(prompt, max_new_tokens=25, do_sample=False, assistant_model=drafter,
+                                   cache=prefix_cache)
+    assert produced.tolist() == expected.tolist()
+    assert_rounds_match(drafter.last_trace, reference_rounds(target, drafter, prompt, expected))
+
+
+def test_the_torch_floor_has_what_the_code_uses():
+    """enable_gqa in scaled_dot_product_attention arrived in torch 2.5."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    floor = re.search(r'"torch>=(\d+)\.(\d+)', (root / "pyproject.toml").read_text())
+    uses_gqa = "enable_gqa" in (root / "src" / "dspark_hf" / "core" / "modeling.py").read_text()
+    assert not uses_gqa or (int(floor[1]), int(floor[2])) >= (2, 5)

@@ -54,6 +54,8 @@ def test_save_and_reload_round_trip(tmp_path):
     assert again.config == drafter.config
     raw = json.loads((tmp_path / "b" / "config.json").read_text())
     assert raw["architectures"] == ["Qwen3DSparkModel"] and raw["model_type"] == "qwen3"
+    # nothing that describes the target's own files leaks into the drafter's config (the stored dtype above all)
+    assert not {"dtype", "torch_dtype", "_name_or_path", "_model_name_or_path", "id2label", "label2id"} & set(raw)
     assert "embed_tokens.weight" not in load_file(tmp_path / "b" / "model.safetensors")
 
 

@@ -23,6 +23,7 @@ read calibrated confidences; the trace keeps the raw ones.
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any, Optional
 
 import torch
@@ -119,6 +120,23 @@ def cost_table(drafter) -> CostTable:
     return table
 
 
+def forget_prefilled_cache(cache) -> None:
+    """Empty a cache that generate() was given already holding the prompt's start (prefix caching).
+
+    transformers' assisted decoding (5.24) feeds the whole prompt at its first step even when
+    the cache holds part of it, which would read that part twice and change the target's
+    output; the drafter also needs the target's features of every context token. So the
+    prompt is read once more from scratch: correct, at the price of the prefix the cache held.
+    """
+    if cache is not None and cache.get_seq_length() > 0:
+        warnings.warn(
+            f"generate() got a cache already holding {cache.get_seq_length()} tokens; DSpark drafting reads the "
+            "whole prompt again (transformers' assisted decoding cannot start from a prefilled cache).",
+            stacklevel=4,
+        )
+        cache.crop(-cache.get_seq_length())
+
+
 class DSparkCandidateGenerator(CandidateGenerator):
     """Drafts one DSpark block per round from the target's hidden states at `target_layer_ids`.
 
@@ -164,16 +182,10 @@ class DSparkCandidateGenerator(CandidateGenerator):
         layer_hidden = [model_outputs.hidden_states[i] for i in self.hidden_indices]
         returned = layer_hidden[0].shape[1]
         if returned < new_tokens:
-            if self.context_tokens > 0:
-                raise RuntimeError(
-                    f"The target returned hidden states for {returned} tokens, but {new_tokens} were committed "
-                    "since the last round; DSpark drafting cannot follow this target's outputs."
-                )
-            # The prompt's start was already in the cache passed to generate() (prefix caching):
-            # the target never recomputed it, so its features come from one extra forward pass.
-            missing = new_tokens - returned
-            earlier = self._prefix_features(input_ids[:, :missing], model_kwargs)
-            layer_hidden = [torch.cat((e.to(h.device), h), dim=1) for e, h in zip(earlier, layer_hidden)]
+            raise RuntimeError(
+                f"The target returned hidden states for {returned} tokens, but {new_tokens} were committed since "
+                "the last round; DSpark drafting cannot follow this target's outputs."
+            )
         layer_hidden = [h[:, :new_tokens] for h in layer_hidden]
         attention_mask = model_kwargs.get("attention_mask")
         if attention_mask is not None and self.context_tokens == 0:
@@ -185,17 +197,10 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.cache.append(self.drafter.context_kv(layer_hidden, positions[None]), positions)
         self.context_tokens = input_ids.shape[1] - 1
 
-    @torch.no_grad()
-    def _prefix_features(self, prefix_ids: torch.Tensor, model_kwargs: dict) -> list[torch.Tensor]:
-        target = self.drafter.target
-        mask = model_kwargs.get("attention_mask")
-        mask = None if mask is None else mask[:, : prefix_ids.shape[1]]
-        out = target(prefix_ids, attention_mask=mask, use_cache=False, output_hidden_states=self.hidden_indices)
-        return [out.hidden_states[i] for i in self.hidden_indices]
-
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, **kwargs):
         if is_first_iteration:
             # Prefill: the target must produce the anchor (and our context) before we can draft.
+            forget_prefilled_cache((model_kwargs or {}).get("cache"))
             return input_ids, None
         started = time.perf_counter()
         self._extend_context(input_ids, model_kwargs or {}, model_outputs)

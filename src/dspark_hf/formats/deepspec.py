@@ -17,6 +17,12 @@ from .common import fixed_convention, head_fields, layer_config, layer_fields, n
 NAME = "deepspec"
 ARCHITECTURE = "Qwen3DSparkModel"
 LAYER_ID_FIELD, LAYER_ID_OFFSET = "target_layer_ids", 0
+# Fields of the target's config that describe the target's own files, not the drafter's.
+TARGET_ONLY_FIELDS = {
+    "auto_map", "quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version", "dtype",
+    "torch_dtype", "id2label", "label2id", "architectures", "output_hidden_states", "return_dict",
+    "chunk_size_feed_forward", "problem_type", "output_attentions", "use_cache",
+}
 
 
 def matches(raw: dict) -> bool:
@@ -49,8 +55,7 @@ def config_dict(config: DSparkConfig, target_config: dict) -> dict:
     out = {
         key: value
         for key, value in target_config.items()
-        if key not in ("auto_map", "quantization_config", "_name_or_path", "transformers_version", "dtype",
-                       "torch_dtype", "id2label", "label2id", "architectures")
+        if key not in TARGET_ONLY_FIELDS
     }
     out.update(layer_config(config))
     out.update(
