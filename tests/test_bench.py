@@ -145,25 +145,32 @@ def test_prepare_method_generate_arguments():
         return drafters[kind]
 
     tuned = prepare_method("dspark@0.5", load_drafter, target=None)
-    assert tuned.generate_kwargs == {"assistant_model": drafters["dspark"], "assistant_confidence_threshold": 0.5}
+    assert tuned.generate_kwargs == {"assistant_model": drafters["dspark"], "assistant_confidence_threshold": 0.5,
+                                     "dspark_scheduler": "threshold"}
     assert tuned.drafter is drafters["dspark"]
-    assert prepare_method("dspark", load_drafter, None).generate_kwargs["assistant_confidence_threshold"] == 0.0
-    assert prepare_method("dflash", load_drafter, None).drafter is drafters["dflash"]
+    # plain "dspark" sets nothing: the drafter's own defaults decide, as in generate()
+    assert prepare_method("dspark", load_drafter, None).generate_kwargs == {"assistant_model": drafters["dspark"]}
+    full = {"dspark_scheduler": "threshold", "assistant_confidence_threshold": 0.0}
+    assert prepare_method("dspark-full", load_drafter, None).generate_kwargs == {"assistant_model": drafters["dspark"],
+                                                                                 **full}
+    dflash = prepare_method("dflash", load_drafter, None)
+    assert dflash.drafter is drafters["dflash"] and dflash.generate_kwargs == {"assistant_model": drafters["dflash"],
+                                                                               **full}
     assert prepare_method("prompt-lookup", load_drafter, None).generate_kwargs == {"prompt_lookup_num_tokens": 7}
     assert prepare_method("prompt-lookup=3", load_drafter, None).generate_kwargs == {"prompt_lookup_num_tokens": 3}
     assert prepare_method("plain", load_drafter, None).generate_kwargs == {}
     cost = prepare_method("dspark-cost", load_drafter, None)
     assert cost.drafter is drafters["dspark"]
-    assert cost.generate_kwargs["generation_config"].dspark_scheduler == "cost"
+    assert cost.generate_kwargs["dspark_scheduler"] == "cost"
 
 
 def test_command_line_options():
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--prompts", "a.jsonl", "b.jsonl", "--json", "out.json", "--threshold", "0.6"])
+    args = parser.parse_args(["--prompts", "a.jsonl", "b.jsonl", "--threshold", "0.6"])  # no report file needed
     assert args.func is run
     assert args.prompts == ["a.jsonl", "b.jsonl"]
-    assert args.threshold == 0.6 and args.temperature == 0.0 and args.markdown is None
+    assert args.threshold == 0.6 and args.temperature == 0.0 and args.markdown is None and args.json is None
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +217,7 @@ def test_end_to_end_greedy(bench_setup, tmp_path):
     assert rows["prompt-lookup"]["tau"] is None
 
     assert "# dspark bench — CPU" in markdown and "## greedy — CPU" in markdown
-    assert "| toy | dspark |" in markdown
+    assert "| toy | dspark (threshold) |" in markdown  # the scheduler each call used
     assert "0 mismatching prompt(s)" in markdown
 
 

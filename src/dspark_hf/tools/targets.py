@@ -144,13 +144,28 @@ def shipped_drafter_path(kind: str = "dspark") -> pathlib.Path:
     return pathlib.Path(str(resources.files("dspark_hf") / "assets" / SHIPPED_DRAFTERS[kind]))
 
 
+def fast_drafter_dtype(target) -> torch.dtype:
+    """bf16 for the drafter on a CPU with native bf16 matmuls (AVX512-BF16, AMX), else the target's dtype.
+
+    There a bf16 draft pass is about 3x faster than fp32 (7-token matmuls are far from
+    memory-bound), and the drafter's precision cannot change the output: every draft is
+    verified by the target in its own dtype.
+    """
+    dtype = target.get_input_embeddings().weight.dtype
+    on_cpu = target.get_output_embeddings().weight.device.type == "cpu"
+    if on_cpu and dtype == torch.float32 and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return torch.bfloat16
+    return dtype
+
+
 def load_default(dtype: torch.dtype = torch.float32, kind: str = "dspark"):
     """(target, tokenizer, drafter), offline, ready for `target.generate(..., assistant_model=drafter)`.
 
-    fp32 is the default because bf16 matmuls are slower than fp32 on CPUs without AVX-512.
+    The target is fp32 by default, because bf16 matmuls are slower than fp32 on CPUs without
+    AVX-512; the drafter takes `fast_drafter_dtype`.
     """
     target, tokenizer = load_smollm2(dtype=dtype)
-    drafter = DSparkDrafter.from_pretrained(shipped_drafter_path(kind), target)
+    drafter = DSparkDrafter.from_pretrained(shipped_drafter_path(kind), target, dtype=fast_drafter_dtype(target))
     return target, tokenizer, drafter
 
 
