@@ -117,13 +117,13 @@ def test_render_prompt_without_chat_template_tokenizes_plainly():
     assert render_prompt(tokenizer, "w3 w4") == tokenizer("w3 w4")["input_ids"]
 
 
-def test_tokenize_texts_makes_whole_text_the_response():
+def test_tokenize_texts_cuts_texts_into_response_chunks():
     tokenizer = make_tokenizer()
-    records = tokenize_texts(tokenizer, ["w3 w4", "w5"])
-    assert records == [
-        {"prompt_index": 0, "prompt_ids": [], "response_ids": tokenizer("w3 w4")["input_ids"]},
-        {"prompt_index": 1, "prompt_ids": [], "response_ids": tokenizer("w5")["input_ids"]},
-    ]
+    ids = tokenizer("w3 w4 w5 w6 w7", add_special_tokens=False)["input_ids"]
+    records = tokenize_texts(tokenizer, ["w3 w4 w5 w6 w7", "w8", "w9 w10"], chunk_tokens=2)
+    # chunks of two tokens; a one-token chunk (the text's tail, or a whole text) predicts nothing and is dropped
+    assert [r["response_ids"] for r in records] == [ids[:2], ids[2:4], tokenizer("w9 w10")["input_ids"]]
+    assert [r["prompt_index"] for r in records] == [0, 1, 2] and all(r["prompt_ids"] == [] for r in records)
 
 
 def test_regenerate_matches_unbatched_greedy_up_to_eos(tmp_path, target_and_tokenizer):

@@ -18,7 +18,7 @@ import torch
 from ..core.trace import summarize
 from ..formats.loader import WRITABLE, DSparkDrafter
 from . import bench, calibrate, demo
-from .errors import USER_ERRORS
+from .errors import USER_ERRORS, InputError
 from .prompts import read_prompts, render_prompt
 from .targets import DEFAULT_TARGET, load_pair, load_target
 
@@ -78,6 +78,8 @@ def cmd_train(args) -> None:
     from .training.data import load_sequences, regenerate, tokenize_texts
     from .training.trainer import TrainSettings, choose_mask_token, train
 
+    if not (args.prompts or args.data or args.text):
+        raise InputError("give training data: --prompts (the target answers them), --data, or --text.")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill saves the last finished step too
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -86,9 +88,7 @@ def cmd_train(args) -> None:
 
     if args.data:
         sequences = [r for path in args.data for r in load_sequences(path)]
-    elif args.text:
-        sequences = tokenize_texts(tokenizer, [Path(p).read_text() for p in args.text])
-    else:
+    elif args.prompts:
         regenerated = out / "regenerated.jsonl"
         regenerate(
             target,
@@ -99,6 +99,10 @@ def cmd_train(args) -> None:
             max_new_tokens=args.max_new_tokens,
         )
         sequences = load_sequences(regenerated)
+    else:
+        sequences = []
+    if args.text:
+        sequences += tokenize_texts(tokenizer, [Path(p).read_text(errors="replace") for p in args.text])
 
     depth = target.config.get_text_config().num_hidden_layers
     vocab = target.get_input_embeddings().weight.shape[0]
@@ -175,10 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr = commands.add_parser("train", help="train a DSpark or DFlash drafter for a target", formatter_class=formatter)
     tr.add_argument("--target", required=True, help="Hub id or directory ('smollm2': offline default)")
     tr.add_argument("--local-files-only", action="store_true", help="never reach the Hub; use its cache only")
-    source = tr.add_mutually_exclusive_group(required=True)
+    source = tr.add_mutually_exclusive_group()
     source.add_argument("--prompts", nargs="+", help='jsonl files of {"turns": [...]}; the target regenerates answers')
     source.add_argument("--data", nargs="+", help="already regenerated jsonl (prompt_ids/response_ids records)")
-    source.add_argument("--text", nargs="+", help="plain text files to train on as they are")
+    tr.add_argument("--text", nargs="+", help="plain text files the target only reads (alone, or added to the above)")
     tr.add_argument("--out", required=True)
     tr.add_argument("--arch", choices=["dspark", "dflash"], default="dspark")
     tr.add_argument("--block-size", type=positive_int, default=7)

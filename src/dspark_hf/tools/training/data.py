@@ -30,16 +30,21 @@ RECORD_FIELDS = ("prompt_ids", "response_ids")
 SORT_WINDOW_BATCHES = 8
 
 
-def tokenize_texts(tokenizer, texts: Sequence[str]) -> list[dict]:
-    """Records for user-supplied texts: the whole text is the response."""
-    return [
-        {
-            "prompt_index": index,
-            "prompt_ids": [],
-            "response_ids": tokenizer(text, add_special_tokens=False)["input_ids"],
-        }
-        for index, text in enumerate(texts)
-    ]
+def tokenize_texts(tokenizer, texts: Sequence[str], chunk_tokens: int = 512) -> list[dict]:
+    """Records for plain texts the target only reads: each chunk of `chunk_tokens` tokens is a response.
+
+    The target still labels every position with its own distribution, so this is distillation
+    without generation: far cheaper per token than regenerated answers, though not the target's
+    own continuations.
+    """
+    records = []
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        for start in range(0, len(ids), chunk_tokens):
+            chunk = ids[start : start + chunk_tokens]
+            if len(chunk) >= 2:
+                records.append({"prompt_index": len(records), "prompt_ids": [], "response_ids": chunk})
+    return records
 
 
 def load_sequences(path: str | os.PathLike) -> list[dict]:
