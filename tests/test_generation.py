@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import GenerationConfig, TextStreamer
+from transformers import GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
 from conftest import MASK_ID, tiny_target, write_bigram_deepspec, write_deepspec, write_zlab
@@ -240,9 +240,9 @@ def test_no_global_patching(tmp_path):
     target = tiny_target("llama")
     other = tiny_target("llama", seed=5)
     class_method = type(target)._get_candidate_generator
-    drafter = build(target, tmp_path, "bigram")
+    build(target, tmp_path, "bigram")  # loading attaches the hook to `target` only
     assert type(target)._get_candidate_generator is class_method
-    assert "_get_candidate_generator" not in vars(other)
+    assert "_get_candidate_generator" in vars(target) and "_get_candidate_generator" not in vars(other)
     # the patched instance still runs ordinary assisted generation with a normal assistant model
     prompt = prompts(1)[0]
     expected = target.generate(prompt, max_new_tokens=12, do_sample=False)

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import MASK_ID, VOCAB, drafter_config, tiny_target, write_bigram_deepspec, write_deepspec, write_zlab
-from dspark_hf import CheckpointError, DSparkConfig, DSparkDrafter
+from dspark_hf import CheckpointError, DSparkDrafter
 from dspark_hf.core.config import zlab_default_layer_ids
 from dspark_hf.formats import deepspec, zlab
 from dspark_hf.formats.loader import read_config

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.config import LAYER_TYPES, MARKOV_HEAD_TYPES, CheckpointError, rope_parameters
+from ..core.config import LAYER_TYPES, MARKOV_HEAD_TYPES, CheckpointError, rope_parameters, zlab_default_layer_ids
 
 
 def fixed_convention(layout: str, anchor_first: bool, requested) -> None:
@@ -53,6 +53,16 @@ def layer_fields(raw: dict, source: str, where: str = "") -> dict:
         layer_types=list(layer_types) if layer_types is not None else None,
         sliding_window=int(need(raw, "sliding_window", source, where)) if sliding else None,
     )
+
+
+def dflash_layer_fields(raw: dict, source: str, num_draft_layers: int) -> dict:
+    """`num_target_layers` and `target_layer_ids` of a config with a nested `dflash_config` (z-lab,
+    SpecForge): the ids are DeepSpec's, and z-lab's default rule fills them in when absent."""
+    num_target_layers = int(need(raw, "num_target_layers", source))
+    layer_ids = (raw.get("dflash_config") or {}).get("target_layer_ids")
+    if layer_ids is None:
+        layer_ids = zlab_default_layer_ids(num_target_layers, num_draft_layers)
+    return dict(num_target_layers=num_target_layers, target_layer_ids=layer_ids)
 
 
 def head_fields(raw: dict, source: str, where: str = "") -> dict:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..core.config import CheckpointError, DSparkConfig, zlab_default_layer_ids
-from .common import head_fields, layer_fields, need
+from ..core.config import CheckpointError, DSparkConfig
+from .common import dflash_layer_fields, head_fields, layer_fields, need
 
 NAME = "specforge"
 ARCHITECTURE = "DSparkDraftModel with dflash_config"
@@ -43,16 +43,11 @@ def read_config(raw: dict, source: str, sample_from_anchor: Optional[bool] = Non
         )
     heads = dict(nested)
     heads.setdefault("enable_confidence_head", float(nested.get("confidence_head_alpha", 0.0)) > 0)
-    num_target_layers = int(need(raw, "num_target_layers", source))
-    layer_ids = nested.get("target_layer_ids")
-    if layer_ids is None:
-        layer_ids = zlab_default_layer_ids(num_target_layers, layers["num_hidden_layers"])
     return DSparkConfig(
         **layers,
         **head_fields(heads, source, "dflash_config."),
         vocab_size=int(need(raw, "vocab_size", source)),
-        num_target_layers=num_target_layers,
-        target_layer_ids=layer_ids,
+        **dflash_layer_fields(raw, source, layers["num_hidden_layers"]),
         block_size=int(need(raw, "block_size", source)),
         mask_token_id=int(need(nested, "mask_token_id", source, "dflash_config.")),
         first_draft_index=0 if sample_from_anchor in (None, True) else 1,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..core.config import CheckpointError, DSparkConfig, zlab_default_layer_ids
-from .common import fixed_convention, layer_fields, need
+from ..core.config import CheckpointError, DSparkConfig
+from .common import dflash_layer_fields, fixed_convention, layer_fields, need
 
 NAME = "zlab"
 ARCHITECTURE = "DFlashDraftModel"
@@ -29,15 +29,10 @@ def read_config(raw: dict, source: str, sample_from_anchor: Optional[bool] = Non
     block_size = raw.get("block_size", dflash.get("block_size"))
     if block_size is None:
         raise CheckpointError(f"{source}: required field 'block_size' (or 'dflash_config.block_size') is missing.")
-    num_target_layers = int(need(raw, "num_target_layers", source))
-    layer_ids = dflash.get("target_layer_ids")
-    if layer_ids is None:
-        layer_ids = zlab_default_layer_ids(num_target_layers, layers["num_hidden_layers"])
     return DSparkConfig(
         **layers,
         vocab_size=int(need(raw, "vocab_size", source)),
-        num_target_layers=num_target_layers,
-        target_layer_ids=layer_ids,
+        **dflash_layer_fields(raw, source, layers["num_hidden_layers"]),
         block_size=int(block_size),
         mask_token_id=int(need(dflash, "mask_token_id", source, "dflash_config.")),
         first_draft_index=1,
