@@ -193,6 +193,15 @@ def test_left_padded_prompt_matches_plain_generate(tmp_path):
     assert_rounds_match(drafter.last_trace, reference_rounds(target, drafter, prompt, expected, attention_mask=mask))
 
 
+def test_greedy_ensemble_verification_gets_the_draft_distribution(tmp_path):
+    """assistant_ensemble_weight makes greedy verification read q, so greedy drafting must hand it over."""
+    target = tiny_target("qwen3")
+    drafter = build(target, tmp_path, "bigram")
+    prompt = prompts(1, seed=6)[0]
+    target.generate(prompt, max_new_tokens=15, do_sample=False, assistant_model=drafter, assistant_ensemble_weight=0.7)
+    assert max(r.num_verified for r in drafter.last_trace) > 0
+
+
 def test_greedy_with_logits_processors(tmp_path):
     target = tiny_target("qwen3")
     drafter = build(target, tmp_path, "bigram")

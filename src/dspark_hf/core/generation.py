@@ -209,7 +209,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         num_verified = 0
         if budget > 0 and (self.gate is None or self.gate.should_draft()):
             chooser = DraftTokenChooser(
-                input_ids, self.logits_processor, self.do_sample, self.drafter.config.vocab_size, self.draft_token_ids
+                input_ids, self.logits_processor, self.do_sample, self.drafter.config.vocab_size, self.draft_token_ids,
+                keep_q=self.keep_q,
             )
             block = self.drafter.draft(int(input_ids[0, -1]), len(self.cache), self.cache, chooser)
             num_verified = self._verify_length(block, budget)

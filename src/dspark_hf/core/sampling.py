@@ -29,6 +29,7 @@ class DraftTokenChooser:
     """Chooses draft tokens one at a time, keeping the prefix the logits processors see and each q.
 
     `draft_token_ids` maps indices of a pruned draft vocabulary to target ids (None: no pruning).
+    q is kept when sampling, or when `keep_q` asks for it (greedy ensemble verification).
     """
 
     def __init__(
@@ -38,17 +39,19 @@ class DraftTokenChooser:
         do_sample: bool = False,
         vocab_size: Optional[int] = None,
         draft_token_ids: Optional[torch.Tensor] = None,
+        keep_q: bool = False,
     ):
         self.prefix_ids = prefix_ids
         self.logits_processor = logits_processor if logits_processor else None
         self.do_sample = do_sample
+        self.keep_q = keep_q or do_sample
         self.vocab_size = vocab_size
         self.draft_token_ids = draft_token_ids
         self.q_rows: list[torch.Tensor] = []
 
     def __call__(self, logits: torch.Tensor) -> int:
         """Raw logits over the scored vocabulary -> the chosen target token id."""
-        if not self.do_sample and self.logits_processor is None:
+        if not self.keep_q and self.logits_processor is None:
             index = int(logits.argmax())  # plain greedy: no processors, no prefix, no q
             return index if self.draft_token_ids is None else int(self.draft_token_ids[index])
         processed = self.full_vocabulary(logits.float())[None]
@@ -57,9 +60,10 @@ class DraftTokenChooser:
         processed = processed[0]
         if self.do_sample:
             token = int(torch.multinomial(processed.softmax(dim=-1), num_samples=1))
-            self.q_rows.append(processed)
         else:
             token = int(processed.argmax())
+        if self.keep_q:
+            self.q_rows.append(processed)
         next_id = torch.tensor([[token]], dtype=self.prefix_ids.dtype, device=self.prefix_ids.device)
         self.prefix_ids = torch.cat((self.prefix_ids, next_id), dim=-1)
         return token
@@ -73,7 +77,7 @@ class DraftTokenChooser:
         return row
 
     def q_logits(self) -> Optional[torch.Tensor]:
-        """[n, vocab] processed logits whose softmax is the q of each sampled draft token; None when greedy."""
+        """[n, vocab] processed logits whose softmax is the q of each draft token; None when not kept."""
         return torch.stack(self.q_rows) if self.q_rows else None
 
 
