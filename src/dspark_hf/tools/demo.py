@@ -199,7 +199,6 @@ def drain(events: queue.Queue) -> list[tuple]:
 class AnswerToken:
     """A committed token of the answer."""
 
-    token_id: int
     text: str  # what it adds to the answer's text; "" for a special token
     origin: str  # "accepted" (a draft the target kept) or "target"
     round_number: int  # 0: the prefill
@@ -230,7 +229,9 @@ class AnswerText:
 
     def add(self, token_id: int) -> str:
         self.ids.append(token_id)
-        decoded = self.tokenizer.decode(self.ids, skip_special_tokens=True).rstrip("\ufffd")  # a character in progress waits
+        # A character whose bytes are still coming waits for its last token.
+        decoded = self.tokenizer.decode(self.ids, skip_special_tokens=True).rstrip("\ufffd")
+        # Should decoding rewrite earlier text (a clean-up of spaces), the piece restarts where they differ.
         shared = len(os.path.commonprefix([decoded, self.text]))
         self.text = decoded
         return decoded[shared:]
@@ -287,7 +288,8 @@ def answer_html(parts: list[str]) -> str:
 def rounds_table(rows: list[str], label: str) -> str:
     if not rows:
         return ""
-    head = f"<tr><th>round</th><th>drafted block ({html.escape(label)} under each)</th><th>target's token</th><th>what happened</th></tr>"
+    columns = ("round", f"drafted block, each draft with its {label}", "target's token", "what happened")
+    head = "<tr>" + "".join(f"<th>{html.escape(column)}</th>" for column in columns) + "</tr>"
     return f'<div class="dspark-rounds"><table>{head}{"".join(rows)}</table></div>'
 
 
@@ -357,16 +359,18 @@ def rounds_chart(records: list[RoundRecord]) -> str:
     for number in sorted({1, *range(every, len(records) + 1, every)}):
         x = left + (number - 0.5) * step
         parts.append(svg_text(x, base + 14, str(number)))
-    right_edge = left + CHART_PLOT_WIDTH
+    right_edge, middle = left + CHART_PLOT_WIDTH, upper + plot_height / 2
     tau_y = base - tau * CHART_UNIT
     parts += [
         f'<line x1="{left}" x2="{left}" y1="{upper}" y2="{base}" stroke="{CHART_COLOURS["axis"]}"/>',
         f'<line x1="{left}" x2="{right_edge}" y1="{base}" y2="{base}" stroke="{CHART_COLOURS["axis"]}"/>',
-        f'<line x1="{left}" x2="{right_edge}" y1="{tau_y:.1f}" y2="{tau_y:.1f}" stroke="{CHART_COLOURS["tau"]}" '
-        'stroke-dasharray="5 3"/>',
+        (
+            f'<line x1="{left}" x2="{right_edge}" y1="{tau_y:.1f}" y2="{tau_y:.1f}" '
+            f'stroke="{CHART_COLOURS["tau"]}" stroke-dasharray="5 3"/>'
+        ),
         svg_text(right_edge + 6, tau_y + 4, f"τ = {tau:.2f}", anchor="start", extra='font-weight="600"'),
         svg_text(left + CHART_PLOT_WIDTH / 2, base + 30, "round"),
-        svg_text(12, upper + plot_height / 2, "tokens committed", extra=f'transform="rotate(-90 12 {upper + plot_height / 2})"'),
+        svg_text(12, middle, "tokens committed", extra=f'transform="rotate(-90 12 {middle})"'),
         f'<rect x="{left}" y="6" width="10" height="10" fill="{CHART_COLOURS["accepted"]}"/>',
         svg_text(left + 14, 15, "drafts kept", anchor="start"),
         f'<rect x="{left + 96}" y="6" width="10" height="10" fill="{CHART_COLOURS["target"]}"/>',
@@ -385,7 +389,9 @@ def positions_table(acceptance: list[Optional[float]]) -> str:
         return ""
     head = "".join(f"<th>{k}</th>" for k in range(1, len(acceptance) + 1))
     cells = "".join(
-        "<td>–</td>" if rate is None else f'<td style="background: rgba(108, 192, 112, {0.15 + 0.6 * rate:.2f})">{rate:.0%}</td>'
+        "<td>–</td>"
+        if rate is None
+        else f'<td style="background: rgba(108, 192, 112, {0.15 + 0.6 * rate:.2f})">{rate:.0%}</td>'
         for rate in acceptance
     )
     caption = (
@@ -454,9 +460,9 @@ class LiveRun:
     def commit(self, token_id: int, origin: str, round_number: int, note: str) -> None:
         if token_id in self.special_ids:
             name = self.tokenizer.convert_ids_to_tokens(token_id)
-            token = AnswerToken(token_id, "", origin, round_number, f"{note} · special token {name}", special=name)
+            token = AnswerToken("", origin, round_number, f"{note} · special token {name}", special=name)
         else:
-            token = AnswerToken(token_id, self.text.add(token_id), origin, round_number, note)
+            token = AnswerToken(self.text.add(token_id), origin, round_number, note)
         self.tokens.append(token)
         self.sequence.append(token_id)
         self.answer_parts.append(answer_span(token))
@@ -492,16 +498,16 @@ class LiveRun:
                 note = f"round {number}: draft {k + 1}, kept · {self.confidence_label} {shown(drafts[k].confidence)}"
                 self.commit(token_id, "accepted", number, note)
             else:
-                self.commit(token_id, "target", number, f"round {number}: {target_role(drafts, kept, sent)} · {summary}")
-        rejected = "".join(d.text for d in drafts if d.fate == "rejected")
-        pruned = "".join(d.text for d in drafts if d.fate == "pruned")
-        left_out = "".join(f" · {label}: “{text}”" for label, text in (("rejected", rejected), ("pruned", pruned)) if text)
-        if left_out:
-            self.answer_parts.append(marker_span("rejected" if rejected else "pruned", f"round {number}: {summary}{left_out}"))
-        self.table_rows.append(
-            f"<tr><td>{number}</td><td>{''.join(draft_span(d, self.confidence_label) for d in drafts) or '–'}</td>"
-            f"<td>{self.last_token_html()}</td><td>{html.escape(summary)}</td></tr>"
-        )
+                note = f"round {number}: {target_role(drafts, kept, sent)} · {summary}"
+                self.commit(token_id, "target", number, note)
+        left_out = {fate: "".join(d.text for d in drafts if d.fate == fate) for fate in ("rejected", "pruned")}
+        if any(left_out.values()):  # a marker at the end of the round holds what the text leaves out
+            listed = "".join(f" · {fate}: “{text}”" for fate, text in left_out.items() if text)
+            kind = "rejected" if left_out["rejected"] else "pruned"
+            self.answer_parts.append(marker_span(kind, f"round {number}: {summary}{listed}"))
+        block = "".join(draft_span(d, self.confidence_label) for d in drafts) or "–"
+        cells = (str(number), block, self.last_token_html(), html.escape(summary))
+        self.table_rows.append("<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
         self.round_details.append(
             {
                 "round": number,
@@ -544,7 +550,9 @@ class LiveRun:
         return self.sequence[self.prompt_length :]
 
     def tokens_per_second(self) -> float:
-        seconds = self.speculative_seconds if self.speculative_seconds is not None else time.perf_counter() - self.started
+        seconds = self.speculative_seconds
+        if seconds is None:  # still running
+            seconds = time.perf_counter() - self.started
         return len(self.answer_ids) / seconds if seconds > 0 else 0.0
 
     def scheduler_shown(self) -> str:
@@ -615,13 +623,17 @@ class LiveRun:
             ),
             self.speed_up(),
         ]
-        cells = "".join(f'<b>{html.escape(value)}</b><span class="note">{html.escape(note)}</span>' for value, note in rows)
+        cells = "".join(
+            f'<b>{html.escape(value)}</b><span class="note">{html.escape(note)}</span>' for value, note in rows
+        )
         return f'<div class="dspark-metrics">{cells}</div>{positions_table(summary.acceptance_per_position)}'
 
     def speed_up(self) -> tuple[str, str]:
         if not self.settings.compare_plain:
             return "speed-up –", "turn on “Also run the target alone” to measure it."
-        if self.plain_seconds is None or self.stopped or not self.plain_ids:
+        if self.stopped:
+            return "speed-up –", "not measured: the run was stopped."
+        if self.plain_seconds is None or not self.plain_ids:
             return "speed-up …", "measured when the target-alone run ends."
         plain_rate = len(self.plain_ids) / self.plain_seconds
         return (
@@ -700,15 +712,20 @@ class DemoSession:
         import gradio as gr
 
         if not prompt or not prompt.strip():
-            raise gr.Error("Type a prompt first: the prompt box is empty.", duration=None)
+            raise gr.Error("Type a prompt first: the prompt box is empty.", print_exception=False)
         prompt_ids = render_prompt(self.tokenizer, prompt)
         if len(prompt_ids) > MAX_PROMPT_TOKENS:
             raise gr.Error(
                 f"The prompt is {len(prompt_ids)} tokens; this demo takes at most {MAX_PROMPT_TOKENS}. Shorten it.",
-                duration=None,
+                print_exception=False,
             )
         settings = Settings(
-            int(max_new_tokens), str(scheduler), float(threshold), int(block_cap), float(temperature), bool(compare_plain)
+            int(max_new_tokens),
+            str(scheduler),
+            float(threshold),
+            int(block_cap),
+            float(temperature),
+            bool(compare_plain),
         )
         stop = self.stop_event = threading.Event()
         events: queue.Queue = queue.Queue()
@@ -750,7 +767,9 @@ def build_demo(target, tokenizer, drafter) -> "gr.Blocks":
         )
         with gr.Row():
             with gr.Column(scale=1, min_width=320):
-                prompt = gr.Textbox(label="Prompt (a user chat turn)", lines=5, value=DEFAULT_PROMPT, elem_id="dspark-prompt")
+                prompt = gr.Textbox(
+                    label="Prompt (a user chat turn)", lines=5, value=DEFAULT_PROMPT, elem_id="dspark-prompt"
+                )
                 prompt_count = gr.Markdown(elem_id="dspark-prompt-count")
                 with gr.Row():
                     generate_button = gr.Button("Generate", variant="primary", elem_id="dspark-generate")
@@ -772,7 +791,11 @@ def build_demo(target, tokenizer, drafter) -> "gr.Blocks":
                     info="send drafts up to the first confidence below this (0: no cut)",
                 )
                 block_cap = gr.Slider(
-                    1, most_drafts, value=int(defaults.num_assistant_tokens), step=1, label="Block cap (most drafts sent per round)"
+                    1,
+                    most_drafts,
+                    value=int(defaults.num_assistant_tokens),
+                    step=1,
+                    label="Block cap (most drafts sent per round)",
                 )
                 temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)")
                 compare_plain = gr.Checkbox(
@@ -787,7 +810,9 @@ def build_demo(target, tokenizer, drafter) -> "gr.Blocks":
                 with gr.Accordion("Rounds: what was drafted, kept, rejected and pruned", open=False):
                     rounds = gr.HTML(label=OUTPUT_LABELS[5], elem_id="dspark-rounds")
                 with gr.Accordion("Plain text and data", open=False):
-                    answer_text = gr.Textbox(label=OUTPUT_LABELS[1], lines=6, interactive=False, elem_id="dspark-answer-text")
+                    answer_text = gr.Textbox(
+                        label=OUTPUT_LABELS[1], lines=6, interactive=False, elem_id="dspark-answer-text"
+                    )
                     plain_text = gr.Textbox(label=OUTPUT_LABELS[6], lines=6, interactive=False, elem_id="dspark-plain")
                     details = gr.JSON(label=OUTPUT_LABELS[7])
         ui_only = dict(queue=False, api_visibility="private", show_progress="hidden")
@@ -796,8 +821,9 @@ def build_demo(target, tokenizer, drafter) -> "gr.Blocks":
         scheduler.change(lambda choice: gr.Slider(interactive=choice != FULL_BLOCK), scheduler, threshold, **ui_only)
         # Busy state: the button is disabled while a run is on (and for its queue wait), then given back;
         # Gradio's `then` does not follow a failed event (an empty prompt), hence `failure` too.
-        busy, ready = gr.Button("Generating…", interactive=False), gr.Button("Generate", interactive=True)
-        generation = generate_button.click(lambda: busy, None, generate_button, **ui_only).then(
+        generation = generate_button.click(
+            lambda: gr.Button("Generating…", interactive=False), None, generate_button, **ui_only
+        ).then(
             session.generate,
             inputs=[prompt, max_new_tokens, scheduler, threshold, block_cap, temperature, compare_plain],
             outputs=[answer_view, answer_text, status, metrics, chart, rounds, plain_text, details],
@@ -805,8 +831,8 @@ def build_demo(target, tokenizer, drafter) -> "gr.Blocks":
             show_progress="hidden",
             concurrency_limit=1,
         )
-        generation.then(lambda: ready, None, generate_button, **ui_only)
-        generation.failure(lambda: ready, None, generate_button, **ui_only)
+        for after in (generation.then, generation.failure):
+            after(lambda: gr.Button("Generate", interactive=True), None, generate_button, **ui_only)
         stop_button.click(session.stop, api_name="stop", queue=False)
     return demo
 
@@ -824,7 +850,9 @@ def add_arguments(parser) -> None:
 
 
 def port_in_use(port: int) -> InputError:
-    return InputError(f"port {port} on 127.0.0.1 is in use (another demo?); pick a free one with --port, e.g. --port {port + 1}.")
+    return InputError(
+        f"port {port} on 127.0.0.1 is in use (another demo?); pick a free one with --port, e.g. --port {port + 1}."
+    )
 
 
 def check_port_free(port: int) -> None:

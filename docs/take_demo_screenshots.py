@@ -1,0 +1,135 @@
+"""Screenshots of `dspark demo` for the README, taken in headless Chromium.
+
+    python docs/take_demo_screenshots.py                    # SmolLM2 + the shipped drafter, into docs/
+    python docs/take_demo_screenshots.py --target DIR --drafter DIR --out /tmp/shots
+
+Serves the demo on a free 127.0.0.1 port, as `dspark demo` would, and saves:
+  demo.png            the page's defaults: a 128-token greedy answer to the baker prompt
+  demo-rounds.png     the same answer with the rounds table open
+  demo-threshold.png  the threshold scheduler at 0.5
+  demo-sampling.png   temperature 1
+  demo-empty.png      an empty prompt
+  demo-stop.png       a long answer stopped after a few rounds
+Each run waits for the target-alone run too, so the speed-up is on the page. On a busy CPU
+the timings (not the answer) suffer: take them on an idle machine. Needs the demo and test
+extras (Gradio, Playwright) and a Chromium (--chromium).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import socket
+
+import torch
+
+from dspark_hf.tools.demo import build_demo
+from dspark_hf.tools.targets import DEFAULT_TARGET, load_pair
+
+RUN_SECONDS = 900  # the longest a generation (both runs) may take on a slow CPU
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def set_number(page, label: str, value: float) -> None:
+    box = page.get_by_role("spinbutton", name=f"number input for {label}")
+    box.fill(f"{value:g}")
+    box.press("Tab")
+
+
+def shoot(page, out: pathlib.Path, name: str) -> None:
+    path = out / name
+    page.screenshot(path=str(path), full_page=True)
+    print(path, flush=True)
+
+
+def generate(page) -> None:
+    """Click Generate and wait for both runs to end."""
+    from playwright.sync_api import expect
+
+    page.locator("#dspark-generate").click()
+    expect(page.locator("#dspark-generate")).to_be_disabled()
+    expect(page.locator("#dspark-generate")).to_be_enabled(timeout=RUN_SECONDS * 1000)
+
+
+def take(url: str, out: pathlib.Path, chromium: str, max_new_tokens: int) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url)
+        rounds = page.get_by_text("Rounds: what was drafted, kept, rejected and pruned")
+        set_number(page, "Max new tokens", max_new_tokens)
+
+        generate(page)
+        shoot(page, out, "demo.png")
+        rounds.click()
+        shoot(page, out, "demo-rounds.png")
+        rounds.click()
+
+        page.get_by_label("threshold", exact=True).check()
+        set_number(page, "Confidence threshold", 0.5)
+        generate(page)
+        shoot(page, out, "demo-threshold.png")
+
+        page.reload()
+        set_number(page, "Max new tokens", max_new_tokens)
+        set_number(page, "Temperature (0 = greedy)", 1)
+        generate(page)
+        shoot(page, out, "demo-sampling.png")
+
+        page.reload()
+        page.get_by_label("Prompt (a user chat turn)").fill("")
+        page.locator("#dspark-generate").click()
+        expect(page.get_by_text("Type a prompt first")).to_be_visible()
+        shoot(page, out, "demo-empty.png")
+
+        page.reload()
+        set_number(page, "Max new tokens", 512)
+        page.locator("#dspark-generate").click()
+        expect(page.locator("#dspark-answer .tok").nth(24)).to_be_attached(timeout=RUN_SECONDS * 1000)
+        page.locator("#dspark-stop").click()
+        # "done" when a fast (tiny) model finished before the click landed
+        expect(page.locator("#dspark-status")).to_contain_text(re.compile("stopped|done"), timeout=RUN_SECONDS * 1000)
+        expect(page.locator("#dspark-generate")).to_be_enabled()
+        shoot(page, out, "demo-stop.png")
+        browser.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default=DEFAULT_TARGET)
+    parser.add_argument("--drafter", default=None, help="default: the drafter shipped for smollm2")
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+    args.out.mkdir(parents=True, exist_ok=True)
+    demo = build_demo(*load_pair(args.target, args.drafter))
+    demo.launch(
+        server_name="127.0.0.1",
+        server_port=free_port(),
+        share=False,
+        ssr_mode=False,
+        prevent_thread_lock=True,
+        quiet=True,
+    )
+    try:
+        take(demo.local_url, args.out, args.chromium, args.max_new_tokens)
+    finally:
+        demo.close()
+
+
+if __name__ == "__main__":
+    main()
