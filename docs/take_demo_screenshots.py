@@ -21,20 +21,13 @@ import argparse
 import os
 import pathlib
 import re
-import socket
 
 import torch
 
-from dspark_hf.tools.demo import build_demo
+from dspark_hf.tools.demo import build_demo, serve_in_background
 from dspark_hf.tools.targets import DEFAULT_TARGET, load_pair
 
 RUN_SECONDS = 900  # the longest a generation (both runs) may take on a slow CPU
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def set_number(page, label: str, value: float) -> None:
@@ -117,16 +110,9 @@ def main() -> None:
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
     args.out.mkdir(parents=True, exist_ok=True)
     demo = build_demo(*load_pair(args.target, args.drafter))
-    demo.launch(
-        server_name="127.0.0.1",
-        server_port=free_port(),
-        share=False,
-        ssr_mode=False,
-        prevent_thread_lock=True,
-        quiet=True,
-    )
+    url = serve_in_background(demo)
     try:
-        take(demo.local_url, args.out, args.chromium, args.max_new_tokens)
+        take(url, args.out, args.chromium, args.max_new_tokens)
     finally:
         demo.close()
 

@@ -221,6 +221,18 @@ def test_end_to_end_greedy(bench_setup, tmp_path):
     assert "0 mismatching prompt(s)" in markdown
 
 
+def test_each_row_names_the_scheduler_its_own_calls_used(bench_setup, tmp_path, monkeypatch):
+    # dspark-cost and dspark-full share one drafter: the row must not report whichever ran last
+    monkeypatch.setenv("DSPARK_HF_CACHE", str(tmp_path / "cache"))
+    target, drafter_dir, prompt_sets = bench_setup
+    report = benchmark(
+        target, prompt_sets, ["plain", "dspark-cost", "dspark-full"], drafter_paths={"dspark": drafter_dir},
+        max_new_tokens=8, progress=False,
+    )
+    schedulers = {row["method"]: row["scheduler"] for row in report["results"]}
+    assert schedulers == {"plain": None, "dspark-cost": "cost", "dspark-full": "threshold"}
+
+
 def test_end_to_end_sampling_reports_the_mode(bench_setup):
     target, drafter_dir, prompt_sets = bench_setup
     report = benchmark(

@@ -48,5 +48,6 @@ def test_default_pair_is_lossless_and_fast_enough(default_pair):
         assert produced.tolist() == expected.tolist()
         taus.append(summarize(drafter.last_trace).tau)
     print("tau per prompt:", [round(t, 2) for t in taus])
-    # The shipped drafter measured 1.57 / 2.47 / 1.15 here (mean 1.73); an untrained one gives 1.0.
-    assert sum(taus) / len(taus) >= 1.5
+    # The shipped drafter measured 2.04 / 2.76 / 1.18 here (mean 1.99); an untrained one gives 1.0,
+    # the previous drafter 1.73.
+    assert sum(taus) / len(taus) >= 1.85

@@ -30,6 +30,7 @@ from dspark_hf.tools.demo import (
     build_demo,
     confidence_label,
     legend_html,
+    serve_in_background,
 )
 from dspark_hf.tools.prompts import render_prompt
 
@@ -79,24 +80,11 @@ def tiny_pair(tmp_path_factory):
     return target, tiny_tokenizer(), drafter
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(tiny_pair):
     """The demo on the tiny pair, served on 127.0.0.1 for the whole module."""
     demo = build_demo(*tiny_pair)
-    demo.launch(
-        server_name="127.0.0.1",
-        server_port=free_port(),
-        share=False,
-        ssr_mode=False,
-        prevent_thread_lock=True,
-        quiet=True,
-    )
+    serve_in_background(demo)
     yield demo, tiny_pair
     demo.close()
 

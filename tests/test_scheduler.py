@@ -279,7 +279,14 @@ def test_profiled_once_then_read_from_disk(tmp_path, monkeypatch):
     monkeypatch.setattr("dspark_hf.core.costs.measure_costs", lambda drafter: TABLES["flat"])
     assert profile_costs(again) == drafter.cost_table
     assert profile_costs(again, refresh=True) == TABLES["flat"] == again.cost_table
-    # another dtype is another table
+    # another thread count is another table, and so is another dtype
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert cost_table_path(again) != path
+    finally:
+        torch.set_num_threads(threads)
+    assert cost_table_path(again) == path
     assert cost_table_path(again.to(torch.bfloat16)) != path
 
 

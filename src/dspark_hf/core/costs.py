@@ -70,7 +70,7 @@ def _device_name(device: torch.device) -> str:
 
 
 def cost_table_key(drafter) -> dict:
-    """What the measured times depend on: both architectures, the device and the dtypes."""
+    """What the measured times depend on: both architectures, the device, the dtypes and CPU threads."""
     target = drafter.target
     device = drafter.device
     return {
@@ -79,6 +79,7 @@ def cost_table_key(drafter) -> dict:
         "drafter_config": _digest(dataclasses.asdict(drafter.config)),
         "device": str(device),
         "device_name": _device_name(device),
+        "cpu_threads": torch.get_num_threads() if device.type == "cpu" else None,
         "target_dtype": str(target.get_input_embeddings().weight.dtype),
         "drafter_dtype": str(drafter.dtype),
         "torch": torch.__version__,

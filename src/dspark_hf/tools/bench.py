@@ -230,6 +230,7 @@ class Runs:
     timings: list[Timing] = dataclasses.field(default_factory=list)
     traces: list[list[RoundRecord]] = dataclasses.field(default_factory=list)
     outputs: list[list[int]] = dataclasses.field(default_factory=list)
+    schedulers: set[str] = dataclasses.field(default_factory=set)  # the ones its calls used (one drafter serves several methods)
 
 
 def sampling_kwargs(temperature: float) -> dict:
@@ -240,15 +241,18 @@ def describe_mode(temperature: float) -> str:
     return f"sampling (temperature {temperature:g})" if temperature > 0 else "greedy"
 
 
-def generate_once(target, prompt_ids: list[int], method: Method, generation: dict) -> tuple[list[int], Timing, list]:
-    """New tokens, wall time and drafting rounds of one generate() call."""
+def generate_once(
+    target, prompt_ids: list[int], method: Method, generation: dict
+) -> tuple[list[int], Timing, list, Optional[str]]:
+    """New tokens, wall time, drafting rounds and scheduler of one generate() call."""
     ids = torch.tensor([prompt_ids], device=target.device)
     started = time.perf_counter()
     output = target.generate(ids, attention_mask=torch.ones_like(ids), **generation, **method.generate_kwargs)
     seconds = time.perf_counter() - started
     new_tokens = output[0, ids.shape[1] :].tolist()
-    trace = list(method.drafter.last_trace) if method.drafter is not None else []
-    return new_tokens, Timing(len(new_tokens), seconds), trace
+    if method.drafter is None:
+        return new_tokens, Timing(len(new_tokens), seconds), [], None
+    return new_tokens, Timing(len(new_tokens), seconds), list(method.drafter.last_trace), method.drafter.last_scheduler
 
 
 def measure(
@@ -272,11 +276,13 @@ def measure(
                 number = next(prompt_number)
                 for method in rotated(methods, number):
                     torch.manual_seed(seed + number)  # with sampling, every method draws from the same seed
-                    tokens, timing, trace = generate_once(target, prompt_ids, method, generation)
+                    tokens, timing, trace, scheduler = generate_once(target, prompt_ids, method, generation)
                     record = runs[name][method.label]
                     record.timings.append(timing)
                     record.traces.append(trace)
                     record.outputs.append(tokens)
+                    if scheduler is not None:
+                        record.schedulers.add(scheduler)
                 bar.update()
     return runs
 
@@ -292,7 +298,7 @@ def result_rows(runs: dict[str, dict[str, Runs]], methods: list[Method], greedy:
                 {
                     "prompt_set": name,
                     "method": method.label,
-                    "scheduler": method.drafter.last_scheduler if method.drafter is not None else None,
+                    "scheduler": "/".join(sorted(measured.schedulers)) or None,
                     **method_metrics(measured.timings, plain.timings, traces),
                     "greedy_mismatches": count_mismatches(measured.outputs, plain.outputs) if greedy else None,
                 }

@@ -865,6 +865,17 @@ def check_port_free(port: int) -> None:
             raise port_in_use(port) from None
 
 
+def serve_in_background(demo) -> str:
+    """Serve built Blocks on a free local port without blocking (tests, screenshots); returns the URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    demo.launch(
+        server_name="127.0.0.1", server_port=port, share=False, ssr_mode=False, prevent_thread_lock=True, quiet=True
+    )
+    return demo.local_url
+
+
 def run(args) -> None:
     """Serve the demo on 127.0.0.1:<port>, never shared."""
     check_port_free(args.port)
