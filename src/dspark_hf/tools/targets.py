@@ -218,6 +218,3 @@ def load_pair(target_name: str, drafter_name: str | None, local_files_only: bool
     drafter = DSparkDrafter.from_pretrained(drafter_name, target, local_files_only=local_files_only)
     return target, tokenizer, drafter
 
-
-if __name__ == "__main__":  # `python -m dspark_hf.tools.targets`: fetch and convert once, as the set-up script does
-    print(ensure_smollm2())
