@@ -16,6 +16,7 @@ from dspark_hf.tools.bench import (
     benchmark,
     count_mismatches,
     method_metrics,
+    parse_method,
     parse_methods,
     prepare_method,
     rotated,
@@ -247,3 +248,25 @@ def test_end_to_end_sampling_reports_the_mode(bench_setup):
     assert report["settings"]["mode"] == "sampling (temperature 1)"
     assert report["greedy_mismatches"] is None
     assert all(row["greedy_mismatches"] is None for row in report["results"])
+
+
+@pytest.mark.parametrize(
+    "words, message",
+    [
+        (["bench", "--prompts", "p.jsonl", "--threshold", "2"], "argument --threshold: 2 is not in [0, 1]"),
+        (["generate", "--prompt", "hi", "--threshold", "-0.5"], "argument --threshold: -0.5 is not in [0, 1]"),
+        (["demo", "--port", "99999999"], "argument --port: 99999999 is not a TCP port (1-65535)"),
+    ],
+)
+def test_out_of_range_options_are_one_line_errors(words, message, capsys):
+    from dspark_hf.tools.cli import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(words)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
+
+
+def test_a_method_threshold_out_of_range_is_refused():
+    with pytest.raises(ValueError, match=r"'dspark@1.5': the threshold after '@' must be a number in \[0, 1\]"):
+        parse_method("dspark@1.5")

@@ -24,7 +24,7 @@ import torch
 from ..core.costs import cpu_model
 from ..core.trace import RoundRecord, summarize
 from ..formats.loader import DSparkDrafter
-from .errors import InputError
+from .errors import InputError, probability
 from .prompts import read_prompts, render_prompt
 from .targets import DEFAULT_TARGET, fast_drafter_dtype, load_target, shipped_drafter_path
 
@@ -146,9 +146,11 @@ def parse_method(label: str) -> tuple[str, Optional[str]]:
     if label.startswith("dspark@"):
         threshold = label.removeprefix("dspark@")
         try:
-            float(threshold)
+            in_range = 0.0 <= float(threshold) <= 1.0
         except ValueError:
-            raise ValueError(f"method {label!r}: the threshold after '@' must be a number") from None
+            in_range = False
+        if not in_range:
+            raise ValueError(f"method {label!r}: the threshold after '@' must be a number in [0, 1]")
         return "dspark", threshold
     kind, _, value = label.partition("=")
     rule = METHOD_VALUES.get(kind)
@@ -458,7 +460,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="prompts per set")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; otherwise sampling")
-    parser.add_argument("--threshold", type=float, default=None, help="also run dspark@THRESHOLD")
+    parser.add_argument("--threshold", type=probability, default=None, help="also run dspark@THRESHOLD")
     parser.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated: {METHOD_HELP}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="also write the full report here")

@@ -18,24 +18,9 @@ import torch
 from ..core.trace import summarize
 from ..formats.loader import WRITABLE, DSparkDrafter
 from . import bench, calibrate, demo
-from .errors import USER_ERRORS, InputError
+from .errors import USER_ERRORS, InputError, positive_int, probability
 from .prompts import read_prompts, render_prompt
 from .targets import DEFAULT_TARGET, load_pair, load_target
-
-def probability(text: str) -> float:
-    """argparse type for confidence thresholds."""
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{value:g} is not in [0, 1]")
-    return value
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
-    return value
-
 
 def add_model_arguments(parser, drafter_help: str = "Hub id or directory (default: the drafter shipped for smollm2)"):
     parser.add_argument("--target", default=DEFAULT_TARGET, help="Hub id or directory ('smollm2': offline default)")

@@ -30,7 +30,7 @@ from transformers.generation.streamers import BaseStreamer
 from ..core.generation import cost_table
 from ..core.scheduling import AUTO_SCHEDULER, COST_SCHEDULER, THRESHOLD_SCHEDULER
 from ..core.trace import RoundRecord, summarize
-from .errors import InputError
+from .errors import InputError, port_number
 from .prompts import render_prompt
 from .targets import DEFAULT_TARGET, load_pair
 
@@ -844,7 +844,7 @@ def add_arguments(parser) -> None:
         "--drafter", default=None, help="Hub id or directory (default: the drafter shipped for smollm2)"
     )
     parser.add_argument("--local-files-only", action="store_true", help="never reach the Hub; use its cache only")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--port", type=port_number, default=DEFAULT_PORT)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.set_defaults(func=run)
 
