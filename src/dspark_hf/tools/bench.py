@@ -8,6 +8,7 @@ functions of the recorded rounds and timings, kept apart from the measuring loop
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import itertools
 import json
@@ -146,11 +147,9 @@ def parse_method(label: str) -> tuple[str, Optional[str]]:
     if label.startswith("dspark@"):
         threshold = label.removeprefix("dspark@")
         try:
-            in_range = 0.0 <= float(threshold) <= 1.0
-        except ValueError:
-            in_range = False
-        if not in_range:
-            raise ValueError(f"method {label!r}: the threshold after '@' must be a number in [0, 1]")
+            probability(threshold)  # the rule --threshold follows
+        except (ValueError, argparse.ArgumentTypeError):
+            raise ValueError(f"method {label!r}: the threshold after '@' must be a number in [0, 1]") from None
         return "dspark", threshold
     kind, _, value = label.partition("=")
     rule = METHOD_VALUES.get(kind)
