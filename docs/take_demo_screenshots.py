@@ -1,7 +1,7 @@
 """Screenshots of `dspark demo` for the README, taken in headless Chromium.
 
     python docs/take_demo_screenshots.py                    # SmolLM2 + the shipped drafter, into docs/
-    python docs/take_demo_screenshots.py --target DIR --drafter DIR --out /tmp/shots
+    python docs/take_demo_screenshots.py --target DIR --drafter DIR --dtype float32 --out /tmp/shots
 
 Serves the demo on a free 127.0.0.1 port, as `dspark demo` would, and saves:
   demo.png            the page's defaults: a 128-token greedy answer to the baker prompt
@@ -12,7 +12,7 @@ Serves the demo on a free 127.0.0.1 port, as `dspark demo` would, and saves:
   demo-stop.png       a long answer stopped after a few rounds
 Each run waits for the target-alone run too, so the speed-up is on the page. On a busy CPU
 the timings (not the answer) suffer: take them on an idle machine. Needs the demo and test
-extras (Gradio, Playwright) and a Chromium (--chromium).
+extras (Gradio, Playwright) and a Chromium: --chromium, or the one scripts/setup_browser.sh finds or installs.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import argparse
 import os
 import pathlib
 import re
-
-import torch
+import subprocess
+import sys
 
 from dspark_hf.tools.demo import build_demo, serve_in_background
-from dspark_hf.tools.targets import DEFAULT_TARGET, load_pair
+from dspark_hf.tools.options import add_model_arguments, load_pair_from_args
 
 RUN_SECONDS = 900  # the longest a generation (both runs) may take on a slow CPU
 
@@ -96,23 +96,30 @@ def take(url: str, out: pathlib.Path, chromium: str, max_new_tokens: int) -> Non
         browser.close()
 
 
+def setup_browser() -> str:
+    """The Chromium scripts/setup_browser.sh finds, or installs where it can; its one line of why not otherwise."""
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "setup_browser.sh"
+    environ = {**os.environ, "PYTHON": sys.executable}
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=environ)
+    if result.returncode != 0:
+        sys.exit(result.stderr.strip().splitlines()[-1])
+    return result.stdout.strip().splitlines()[-1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", default=DEFAULT_TARGET)
-    parser.add_argument("--drafter", default=None, help="default: the drafter shipped for smollm2")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    add_model_arguments(parser)
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent, help="where the PNGs go")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length of the screenshots' runs")
+    parser.add_argument("--chromium", default=None, help="unset: the one scripts/setup_browser.sh finds or installs")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    chromium = args.chromium or setup_browser()
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
     args.out.mkdir(parents=True, exist_ok=True)
-    demo = build_demo(*load_pair(args.target, args.drafter))
+    demo = build_demo(*load_pair_from_args(args))
     url = serve_in_background(demo)
     try:
-        take(url, args.out, args.chromium, args.max_new_tokens)
+        take(url, args.out, chromium, args.max_new_tokens)
     finally:
         demo.close()
 

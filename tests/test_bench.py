@@ -14,7 +14,7 @@ from dspark_hf.tools.bench import (
     Timing,
     add_arguments,
     benchmark,
-    count_mismatches,
+    divergences,
     method_metrics,
     parse_method,
     parse_methods,
@@ -25,6 +25,7 @@ from dspark_hf.tools.bench import (
     trace_metrics,
     write_report,
 )
+from dspark_hf.tools.exactness import bf16_steps, first_difference, ulp_bf16
 
 
 def round_record(num_verified: int, num_accepted: int, draft_seconds: float, verify_seconds: float) -> RoundRecord:
@@ -32,9 +33,13 @@ def round_record(num_verified: int, num_accepted: int, draft_seconds: float, ver
     draft_ids = [1, 2, 3, 4, 5]
     return RoundRecord(
         position=10,
+        source="dspark",
         draft_ids=draft_ids,
         confidences=[],
+        calibrated=[],
+        budget=5,
         num_verified=num_verified,
+        cut="whole" if num_verified == 5 else "threshold",
         num_accepted=num_accepted,
         committed_ids=draft_ids[:num_accepted] + [20],
         draft_seconds=draft_seconds,
@@ -115,12 +120,6 @@ def test_method_metrics_with_traces():
     assert metrics["verify_rate"] == pytest.approx(0.5)
 
 
-def test_count_mismatches():
-    reference = [[1, 2, 3], [4, 5]]
-    assert count_mismatches([[1, 2, 3], [4, 5]], reference) == 0
-    assert count_mismatches([[1, 2, 9], [4, 5, 6]], reference) == 2
-
-
 def test_rotating_order_gives_each_method_every_slot():
     methods = ["plain", "dspark", "prompt-lookup"]
     orders = [rotated(methods, i) for i in range(3)]
@@ -151,7 +150,10 @@ def test_prepare_method_generate_arguments():
     assert tuned.drafter is drafters["dspark"]
     # plain "dspark" sets nothing: the drafter's own defaults decide, as in generate()
     assert prepare_method("dspark", load_drafter, None).generate_kwargs == {"assistant_model": drafters["dspark"]}
-    full = {"dspark_scheduler": "threshold", "assistant_confidence_threshold": 0.0}
+    # dspark-only: the same defaults without hybrid n-gram drafting
+    assert prepare_method("dspark-only", load_drafter, None).generate_kwargs == {"assistant_model": drafters["dspark"],
+                                                                                 "dspark_ngram": False}
+    full = {"dspark_scheduler": "threshold", "assistant_confidence_threshold": 0.0, "dspark_ngram": False}
     assert prepare_method("dspark-full", load_drafter, None).generate_kwargs == {"assistant_model": drafters["dspark"],
                                                                                  **full}
     dflash = prepare_method("dflash", load_drafter, None)
@@ -188,7 +190,7 @@ def test_end_to_end_greedy(bench_setup, tmp_path):
     report = benchmark(
         target,
         prompt_sets,
-        ["plain", "dspark", "prompt-lookup"],
+        ["plain", "dspark", "dspark-only", "prompt-lookup"],
         drafter_paths={"dspark": drafter_dir},
         max_new_tokens=8,
         progress=False,
@@ -205,7 +207,7 @@ def test_end_to_end_greedy(bench_setup, tmp_path):
     assert saved["greedy_mismatches"] == 0
 
     rows = {row["method"]: row for row in saved["results"]}
-    assert list(rows) == ["plain", "dspark", "prompt-lookup"]
+    assert list(rows) == ["plain", "dspark", "dspark-only", "prompt-lookup"]
     for row in rows.values():
         assert row["prompt_set"] == "toy" and row["prompts"] == 2
         assert row["new_tokens"] == 16 and row["tokens_per_second"] > 0 and row["speedup"] > 0
@@ -216,6 +218,8 @@ def test_end_to_end_greedy(bench_setup, tmp_path):
     assert len(dspark["acceptance_per_position"]) == 5  # the drafter's block of 5 draft tokens
     assert 0.0 <= dspark["draft_share"] <= 1.0
     assert rows["prompt-lookup"]["tau"] is None
+    assert "ngram" not in rows["dspark-only"]["rounds_by_source"]  # the drafter alone
+    assert sum(rows["dspark"]["rounds_by_source"].values()) == rows["dspark"]["rounds"]
 
     assert "# dspark bench — CPU" in markdown and "## greedy — CPU" in markdown
     assert "| toy | dspark (threshold) |" in markdown  # the scheduler each call used
@@ -234,7 +238,7 @@ def test_each_row_names_the_scheduler_its_own_calls_used(bench_setup, tmp_path, 
     assert schedulers == {"plain": None, "dspark-cost": "cost", "dspark-full": "threshold"}
 
 
-def test_end_to_end_sampling_reports_the_mode(bench_setup):
+def test_end_to_end_sampling_reports_the_mode_and_says_what_it_warms_up(bench_setup, capsys):
     target, drafter_dir, prompt_sets = bench_setup
     report = benchmark(
         target,
@@ -243,8 +247,10 @@ def test_end_to_end_sampling_reports_the_mode(bench_setup):
         drafter_paths={"dspark": drafter_dir},
         max_new_tokens=8,
         temperature=1.0,
-        progress=False,
+        progress=True,
     )
+    said = capsys.readouterr().err
+    assert "dspark bench: warming up plain (1/2)\n" in said and "dspark bench: warming up dspark@0.5 (2/2)\n" in said
     assert report["settings"]["mode"] == "sampling (temperature 1)"
     assert report["greedy_mismatches"] is None
     assert all(row["greedy_mismatches"] is None for row in report["results"])
@@ -270,3 +276,80 @@ def test_out_of_range_options_are_one_line_errors(words, message, capsys):
 def test_a_method_threshold_out_of_range_is_refused():
     with pytest.raises(ValueError, match=r"'dspark@1.5': the threshold after '@' must be a number in \[0, 1\]"):
         parse_method("dspark@1.5")
+
+
+# ------------------------------------------------------------------ exactness: where an output leaves plain decoding
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 9, 3]) == 1
+    assert first_difference([1, 2, 3], [1, 2]) == 2  # one run stopped first
+    assert first_difference([], []) is None
+
+
+@pytest.mark.parametrize("value", [1.0, 1.5, -3.0, 16.0, 20.0, 31.9, 0.3, 1000.0])
+def test_a_bf16_step_is_the_spacing_of_bf16_numbers_at_the_logit(value):
+    as_bf16 = torch.tensor(abs(value), dtype=torch.bfloat16)
+    spacing = (torch.nextafter(as_bf16, torch.tensor(float("inf"), dtype=torch.bfloat16)) - as_bf16).item()
+    assert ulp_bf16(value) == spacing
+    assert bf16_steps(2 * spacing, value) == 2.0
+
+
+def tie_two_tokens(target, prompt: list[int]) -> tuple[list[int], int, int]:
+    """Gives the plain run's 3rd token a twin with the same LM-head row, so the two tie at every step.
+
+    Returns the new plain output, the first step where the tie decides, and the twin chosen there instead."""
+    first = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):].tolist()
+    token = first[2]
+    twin = next(t for t in range(MASK_ID) if t not in first)
+    with torch.no_grad():
+        target.get_output_embeddings().weight[twin] = target.get_output_embeddings().weight[token]
+    plain = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):].tolist()
+    index = next(i for i, t in enumerate(plain) if t in (token, twin))
+    return plain, index, twin if plain[index] == token else token
+
+
+def test_a_divergence_built_on_a_tie_is_reported_within_two_bf16_steps():
+    target = tiny_target("qwen3")
+    tied_prompt, other_prompt = [3, 1, 4, 1, 5], [2, 7, 1, 8]
+    tied_plain, index, twin = tie_two_tokens(target, tied_prompt)
+    other_plain = target.generate(torch.tensor([other_prompt]), max_new_tokens=12, do_sample=False)[0, 4:].tolist()
+    # the run took the other side of the tie; on the second prompt nothing differs
+    taken = tied_plain[:index] + [twin] + tied_plain[index + 1 :]
+    found = divergences(target, [tied_prompt, other_prompt], [taken, other_plain], [tied_plain, other_plain])
+    assert found == [{"prompt": 0, "index": index, "plain_token": tied_plain[index], "token": twin, "margin": 0.0,
+                      "steps": 0.0}]
+    # the measure can tell: an ordinary step of this sharpened model is far from a tie
+    changed = other_plain[:1] + [(other_plain[1] + 1) % MASK_ID] + other_plain[2:]
+    ordinary = divergences(target, [other_prompt], [changed], [other_plain])[0]
+    assert ordinary["index"] == 1 and ordinary["steps"] > 2 and ordinary["margin"] > 0
+
+
+def test_divergences_are_listed_in_the_report(bench_setup, tmp_path):
+    target, drafter_dir, prompt_sets = bench_setup
+    report = benchmark(target, prompt_sets, ["plain", "dspark"], drafter_paths={"dspark": drafter_dir},
+                       max_new_tokens=8, progress=False)
+    assert [row["divergences"] for row in report["results"]] == [[], []]  # float32: identical
+    listed = {"prompt": 1, "index": 5, "plain_token": 7, "token": 9, "margin": 0.0625, "steps": 1.0}
+    report["results"][1].update(divergences=[listed], greedy_mismatches=1)
+    report["greedy_mismatches"] = 1
+    report["environment"]["dtype"] = "bfloat16"
+    markdown = write_report(report, tmp_path / "bench.json")
+    assert json.loads((tmp_path / "bench.json").read_text())["results"][1]["divergences"] == [listed]
+    assert "| toy | dspark | 1 | 5 | 7 / 9 | 0.0625 | 1.00 |" in markdown
+    assert "top two logits were within 1.00 bf16 steps of each other" in markdown
+    report["environment"]["dtype"] = "float32"
+    assert "In float32 this is a failure" in write_report(report, tmp_path / "again.json")
+
+
+def test_a_real_bf16_run_diverges_only_at_near_ties(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSPARK_HF_CACHE", str(tmp_path / "cache"))
+    target = tiny_target("qwen3")
+    drafter_dir = write_bigram_deepspec(target, tmp_path / "drafter")
+    generator = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, MASK_ID, (length,), generator=generator).tolist() for length in (5, 9, 7, 12, 6)]
+    report = benchmark(target.to(torch.bfloat16), {"toy": prompts}, ["plain", "dspark", "dspark-full", "prompt-lookup"],
+                       drafter_paths={"dspark": drafter_dir}, max_new_tokens=40, progress=False)
+    found = [entry for row in report["results"] for entry in row["divergences"]]
+    print("bf16 divergences:", found)  # this CPU (AVX512-BF16): prompt-lookup, prompt 4, token 13, an exact tie
+    assert all(entry["steps"] <= 2 for entry in found)
+    assert report["greedy_mismatches"] == len(found)

@@ -88,7 +88,11 @@ def test_a_calibrated_predictor_keeps_temperatures_near_one():
 
 def test_outcomes_from_trace():
     def record(confidences, verified, accepted):
-        return RoundRecord(0, [1] * len(confidences), confidences, verified, accepted, [1], 0.0, 0.0)
+        return RoundRecord(
+            position=0, source="dspark" if confidences else "none", draft_ids=[1] * len(confidences),
+            confidences=confidences, calibrated=confidences, budget=3, num_verified=verified, cut="whole",
+            num_accepted=accepted, committed_ids=[1], draft_seconds=0.0, verify_seconds=0.0,
+        )
 
     outcomes = sts.RoundOutcomes.from_trace(
         [record([0.9, 0.8, 0.7], 3, 1), record([0.6, 0.5, 0.4], 2, 2), record([], 0, 0)], num_positions=3
@@ -143,7 +147,7 @@ def test_calibrate_command_writes_json_table_and_diagram(tmp_path, monkeypatch, 
     path = write_bigram_deepspec(target, tmp_path / "d", block_size=5)
     drafter = DSparkDrafter.from_pretrained(path, target)
     drafter.generation_config.dspark_scheduler = "cost"  # the command must still verify whole blocks
-    monkeypatch.setattr(calibrate_command, "load_pair", lambda *args: (target, CharacterTokenizer(), drafter))
+    monkeypatch.setattr(calibrate_command, "load_pair_from_args", lambda *args: (target, CharacterTokenizer(), drafter))
     prompt_file = tmp_path / "prompts.jsonl"
     prompt_file.write_text("".join(json.dumps({"turns": [f"question {i}: why?"]}) + "\n" for i in range(6)))
 

@@ -7,6 +7,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from dspark_hf.tools.cli import main
 from dspark_hf.tools.prompts import read_prompts, render_prompt
 from dspark_hf.tools.training.data import load_sequences, regenerate, tokenize_texts
 
@@ -195,3 +196,48 @@ def test_load_sequences_rejects_damage_before_the_last_line(tmp_path):
 
     with pytest.raises(ValueError, match=rf"{path}, line 2"):
         load_sequences(path)
+
+
+def test_regenerate_samples_several_answers_per_prompt_and_resumes(tmp_path, target_and_tokenizer):
+    model, tokenizer = target_and_tokenizer
+    out_path = tmp_path / "sampled.jsonl"
+    torch.manual_seed(0)
+    done = regenerate(model, tokenizer, PROMPTS, out_path, batch_size=3, max_new_tokens=MAX_NEW_TOKENS,
+                      temperature=1.5, samples_per_prompt=2)
+
+    records = load_sequences(out_path)
+    assert done.answers == len(records) == 2 * len(PROMPTS)
+    keys = sorted((r["prompt_index"], r["sample"]) for r in records)
+    assert keys == [(index, sample) for index in range(len(PROMPTS)) for sample in (0, 1)]
+    assert all(r["temperature"] == 1.5 for r in records)
+    by_prompt = {}
+    for record in records:
+        by_prompt.setdefault(record["prompt_index"], []).append(record["response_ids"])
+    assert any(first != second for first, second in by_prompt.values())  # sampled, not greedy twice
+    again = regenerate(model, tokenizer, PROMPTS, out_path, batch_size=3, max_new_tokens=MAX_NEW_TOKENS,
+                       temperature=1.5, samples_per_prompt=2)
+    assert again.answers == 0 and len(load_sequences(out_path)) == 2 * len(PROMPTS)
+
+    with pytest.raises(ValueError, match=rf"{out_path} holds answers at temperature 1.5, not 0"):
+        regenerate(model, tokenizer, PROMPTS, out_path, max_new_tokens=MAX_NEW_TOKENS)
+    with pytest.raises(ValueError, match="give a temperature above 0"):
+        regenerate(model, tokenizer, PROMPTS, tmp_path / "greedy.jsonl", samples_per_prompt=2)
+
+
+def test_regenerate_command_writes_what_the_function_writes_and_reports_answers_per_hour(
+    tmp_path, target_and_tokenizer, capsys
+):
+    model, tokenizer = target_and_tokenizer
+    model.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    write_jsonl(tmp_path / "prompts.jsonl", [{"turns": [prompt]} for prompt in PROMPTS])
+    out_path = tmp_path / "answers.jsonl"
+
+    main(["regenerate", "--target", str(tmp_path / "target"), "--prompts", str(tmp_path / "prompts.jsonl"),
+          "--out", str(out_path), "--batch-size", "3", "--max-new-tokens", str(MAX_NEW_TOKENS), "--dtype", "float32",
+          "--threads", "1"])
+
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["answers"] == len(PROMPTS) and report["skipped"] == 0 and report["answers_per_hour"] > 0
+    for record in load_sequences(out_path):
+        assert record["response_ids"] == greedy_alone(model, render_prompt(tokenizer, PROMPTS[record["prompt_index"]]))

@@ -61,39 +61,46 @@ class Branches:
 
 
 class Enumerated:
-    """Patches torch's random draws for the duration of the enumeration."""
+    """Patches the random draws (torch's, and draft tokens' sampling.draw) for the duration of the enumeration."""
 
     def __init__(self, prompt_length: int):
         self.prompt_length = prompt_length
         self.branches = Branches()
         self.real_multinomial, self.real_rand_like = torch.multinomial, torch.rand_like
+        self.real_draw = sampling.draw
 
     def committed(self, frame) -> int:
         """New tokens already committed when the draw at `frame` happens."""
         names = frame.f_locals
         if "candidate_input_ids" in names and "candidate_length" in names:  # verification
             return names["candidate_input_ids"].shape[1] - names["candidate_length"] - self.prompt_length
-        if isinstance(names.get("self"), sampling.DraftTokenChooser):  # drafting: prefix = committed + drafts
-            chooser = names["self"]
-            return chooser.prefix_ids.shape[1] - len(chooser.q_rows) - self.prompt_length
+        if isinstance(names.get("self"), sampling.DraftTokenChooser):  # drafting: the chooser's prefix is committed
+            return names["self"].prefix_ids.shape[1] - self.prompt_length
         return names["input_ids"].shape[1] - self.prompt_length  # the target's own sample
+
+    def pick(self, probs, position: int) -> int:
+        """A draw that would be token number position + 1: branched if it can change the first LENGTH tokens."""
+        row = probs.double()
+        row = (row / row.sum()).tolist()
+        if position < LENGTH:
+            return self.branches.choose(row)
+        return max(range(len(row)), key=row.__getitem__)  # cannot reach the first LENGTH tokens: no branching
 
     def multinomial(self, probs, num_samples=1, **kwargs):
         frame = sys._getframe(1)
-        row = probs.reshape(-1, probs.shape[-1])[-1].double()
-        row = (row / row.sum()).tolist()
         position = self.committed(frame)
-        names = frame.f_locals
-        if isinstance(names.get("self"), sampling.DraftTokenChooser):
-            position += len(names["self"].q_rows)  # this draft would be token number position + 1
-        elif frame.f_code.co_name == "_speculative_sampling":  # a resample or bonus after n_matches drafts
-            position += int(names["n_matches"])
-        if position < LENGTH:
-            choice = self.branches.choose(row)
-        else:  # cannot reach the first LENGTH tokens: no branching
-            choice = max(range(len(row)), key=row.__getitem__)
+        if frame.f_code.co_name == "_speculative_sampling":  # a resample or bonus after n_matches drafts
+            position += int(frame.f_locals["n_matches"])
+        choice = self.pick(probs.reshape(-1, probs.shape[-1])[-1], position)
         shape = probs.shape[:-1] + (num_samples,)
         return torch.full(shape, choice, dtype=torch.long, device=probs.device)
+
+    def draw(self, probabilities):
+        """Draft tokens (sampling.draw, one per row): row i follows the drafts the chooser has chosen, and i more."""
+        frame = sys._getframe(1)
+        first = self.committed(frame) + sum(len(ids) for ids in frame.f_locals["self"].chosen)
+        choices = [self.pick(row, first + i) for i, row in enumerate(probabilities)]
+        return torch.tensor(choices, dtype=torch.long, device=probabilities.device)
 
     def rand_like(self, ratios, **kwargs):
         """Acceptance tests: branch on the first rejection, merged once LENGTH tokens are safe."""
@@ -116,11 +123,11 @@ class Enumerated:
         return uniforms
 
     def __enter__(self):
-        torch.multinomial, torch.rand_like = self.multinomial, self.rand_like
+        torch.multinomial, torch.rand_like, sampling.draw = self.multinomial, self.rand_like, self.draw
         return self
 
     def __exit__(self, *exc):
-        torch.multinomial, torch.rand_like = self.real_multinomial, self.real_rand_like
+        torch.multinomial, torch.rand_like, sampling.draw = self.real_multinomial, self.real_rand_like, self.real_draw
 
 
 class StopAfter(StoppingCriteria):

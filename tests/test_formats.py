@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 from conftest import MASK_ID, VOCAB, tiny_target, write_bigram_deepspec, write_deepspec, write_zlab
 from dspark_hf import CheckpointError, DSparkDrafter
 from dspark_hf.core.modeling import ContextCache
+from dspark_hf.core.sampling import DraftTokenChooser
 from dspark_hf.tools.cli import main as dspark_main
 from test_generation import prompts
 
@@ -178,6 +179,18 @@ def test_sliding_layers_with_a_window_beyond_the_context_read_like_full_ones(dee
     assert_same_rounds(target, load(source, target), sliding)
 
 
+def test_sliding_layers_without_a_window_read_as_full_attention(deepspec_dir, tmp_path):
+    """speculators builds no window when `sliding_window` is null: those layers see the whole context."""
+    target, source = deepspec_dir
+    path = as_speculators(source, tmp_path / "s", layer_types=["sliding_attention"], use_sliding_window=True)
+    raw = json.loads((path / "config.json").read_text())
+    raw["transformer_layer_config"]["sliding_window"] = None
+    (path / "config.json").write_text(json.dumps(raw))
+    unwindowed = load(path, target)
+    assert unwindowed.config.layer_types is None and unwindowed.config.layer_window(0) is None
+    assert_same_rounds(target, load(source, target), unwindowed)
+
+
 def test_pruned_vocabulary_holding_every_argmax_drafts_the_same(deepspec_dir, tmp_path):
     target, source = deepspec_dir
     reference = load(source, target)
@@ -269,19 +282,16 @@ def test_export_command_and_a_one_plus_n_drafter_refused_by_deepspec(tmp_path, c
 
 
 # ------------------------------------------------------------------ the real speculators library
-class RecordingChooser:
+class RecordingChooser(DraftTokenChooser):
     """Greedy over the scored vocabulary, keeping every step's logits."""
 
     def __init__(self, draft_token_ids):
-        self.ids, self.logits = draft_token_ids, []
+        super().__init__(torch.zeros(1, 0, dtype=torch.long), draft_token_ids=draft_token_ids)
+        self.logits = []
 
     def __call__(self, logits):
         self.logits.append(logits)
-        index = int(logits.argmax())
-        return index if self.ids is None else int(self.ids[index])
-
-    def q_logits(self):
-        return None
+        return super().__call__(logits)
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +311,7 @@ def test_real_speculators_checkpoints_match_the_library(name, verifier):
     context = ContextCache()
     positions = torch.arange(position)
     features = reference["context_hidden_states"][None].split(drafter.config.hidden_size, dim=-1)
-    context.append(drafter.context_kv(list(features), positions[None]), positions)
+    context.append(drafter.context_kv(list(features), positions[None]))
     block_ids, block_positions = drafter.anchor_block(anchor, position)
     kv = [context.layer(i) for i in range(len(drafter.layers))]
     hidden = drafter.backbone(block_ids, block_positions, kv, positions, single_block=True)[0]
@@ -311,7 +321,7 @@ def test_real_speculators_checkpoints_match_the_library(name, verifier):
         chooser = RecordingChooser(drafter.draft_token_ids())
         block = drafter.draft(anchor, position, context, chooser)
         assert block.draft_ids.tolist() == reference["greedy_tokens"].tolist()
-        torch.testing.assert_close(torch.stack(chooser.logits), reference["greedy_markov_logits"], rtol=1e-4,
+        torch.testing.assert_close(torch.cat(chooser.logits), reference["greedy_markov_logits"], rtol=1e-4,
                                    atol=1e-4)
         torch.testing.assert_close(block.confidences, reference["greedy_confidence"], rtol=1e-4, atol=1e-5)
 

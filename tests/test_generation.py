@@ -317,3 +317,20 @@ def test_the_torch_floor_has_what_the_code_uses():
     floor = re.search(r'"torch>=(\d+)\.(\d+)', (root / "pyproject.toml").read_text())
     uses_gqa = "enable_gqa" in (root / "src" / "dspark_hf" / "core" / "modeling.py").read_text()
     assert not uses_gqa or (int(floor[1]), int(floor[2])) >= (2, 5)
+
+
+def test_the_private_methods_we_wrap_keep_their_parameters():
+    """attach_to_target wraps two private transformers methods; a release that renames their parameters fails
+    here and at attach time, in one line, instead of drafting wrongly."""
+    from dspark_hf.core.generation import PATCHED_METHODS, attach_to_target, check_patched_signatures
+
+    target = tiny_target("qwen3")
+    check_patched_signatures(target)  # this transformers
+    renamed = type("Renamed", (type(target),), {
+        "_get_candidate_generator": lambda self, config, logits_processor, assistant_model=None: None,
+    })
+    target.__class__ = renamed
+    with pytest.raises(RuntimeError, match=r"changed Renamed\._get_candidate_generator \(missing: generation_config\)"):
+        attach_to_target(target)
+    assert "_get_candidate_generator" not in vars(target) and set(PATCHED_METHODS) == {
+        "_get_candidate_generator", "_prepare_generation_config"}

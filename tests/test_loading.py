@@ -108,8 +108,9 @@ def test_hub_repo_id_through_the_local_cache_offline(tmp_path, monkeypatch):
 
 def test_hub_repo_missing_offline_is_a_clear_error(tmp_path, monkeypatch):
     target = tiny_target("llama")
-    with pytest.raises(CheckpointError, match="Could not fetch draft checkpoint 'acme/not-cached'.*offline"):
+    with pytest.raises(CheckpointError, match="Could not fetch draft checkpoint 'acme/not-cached'.*offline") as error:
         DSparkDrafter.from_pretrained("acme/not-cached", target, cache_dir=tmp_path, local_files_only=True)
+    assert str(error.value).endswith("pass local_files_only=True.")  # Python's name; the CLI says --local-files-only
     # no network here: a real download attempt fails the same, clear way
     with pytest.raises(CheckpointError, match="Could not fetch"):
         DSparkDrafter.from_pretrained("dspark-hf-tests/does-not-exist", target, cache_dir=tmp_path)

@@ -48,6 +48,11 @@ def test_every_dspark_command_in_the_readme_parses(words):
     build_parser().parse_args(words)  # a stale flag or a missing required one exits here
 
 
+def test_the_readme_commands_need_nothing_outside_a_clone():
+    # prompt sets ship with the package: `--prompts gsm8k`, not a path into another checkout
+    assert not [words for words in dspark_invocations() if any(word.startswith("../") for word in words)]
+
+
 def test_files_the_readme_runs_exist():
     root = Path(__file__).resolve().parents[1]
     for command in shell_commands():

@@ -7,10 +7,18 @@ import math
 
 import pytest
 import torch
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
+from transformers import (
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from conftest import tiny_target, write_deepspec, write_zlab
 from dspark_hf import DSparkDrafter
+from dspark_hf.core import sampling
 from dspark_hf.core.sampling import DraftTokenChooser, expected_accepted_length, total_variation
 from dspark_hf.core.scheduling import threshold_length
 
@@ -97,25 +105,66 @@ def test_sampled_output_has_the_target_distribution(fmt, temperature, top_k, thr
     assert stat < chi_square_critical(dof)
 
 
-def test_chooser_returns_processed_logits_and_tracks_prefix():
+def test_chooser_returns_processed_logits_and_samples_from_them():
     processors = LogitsProcessorList([TemperatureLogitsWarper(0.5), TopKLogitsWarper(2)])
-    logits = torch.tensor([0.1, 2.0, 1.0, -1.0])
+    logits = torch.tensor([[0.1, 2.0, 1.0, -1.0]])
     chooser = DraftTokenChooser(torch.tensor([[3, 1]]), processors, do_sample=True)
     torch.manual_seed(0)
-    draws = [chooser(logits) for _ in range(400)]
-    expected = processors(torch.tensor([[3, 1]]), logits[None].clone())[0]
+    draws = [int(chooser(logits)) for _ in range(400)]
+    expected = processors(torch.tensor([[3, 1]]), logits.clone())[0]
     torch.testing.assert_close(chooser.q_logits()[-1], expected)
-    assert chooser.prefix_ids[0, :2].tolist() == [3, 1] and chooser.prefix_ids[0, 2:].tolist() == draws
+    assert torch.cat(chooser.chosen).tolist() == draws and chooser.prefix_ids.tolist() == [[3, 1]]
     q = expected.softmax(-1)
     assert set(draws) <= {1, 2}  # top-k removed the rest
     share = draws.count(1) / len(draws)
     assert abs(share - q[1].item()) < 4 * math.sqrt(q[1].item() * (1 - q[1].item()) / len(draws))
 
 
+def test_draw_follows_the_probabilities_row_by_row():
+    """The exponential race draws each row's law; zero-probability tokens never come up."""
+    torch.manual_seed(0)
+    p = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 0.0, 0.1, 0.9]])
+    rows = 20000
+    draws = sampling.draw(p.repeat(rows, 1)).view(rows, 2)
+    for row in range(2):
+        counts = torch.bincount(draws[:, row], minlength=4).double() / rows
+        assert counts[p[row] == 0].sum() == 0
+        assert (counts - p[row]).abs().max() < 4 * math.sqrt(0.25 / rows)
+
+
 def test_greedy_chooser_takes_the_processed_argmax():
     chooser = DraftTokenChooser(torch.tensor([[0]]), None, do_sample=False)
-    assert chooser(torch.tensor([0.0, 3.0, 1.0])) == 1
+    assert chooser(torch.tensor([[0.0, 3.0, 1.0]])).tolist() == [1]
     assert chooser.q_logits() is None  # greedy verification needs no q
+
+
+@pytest.mark.parametrize(
+    "processor",
+    [TemperatureLogitsWarper(0.7), TopKLogitsWarper(3), TopKLogitsWarper(10), TopPLogitsWarper(0.8),
+     MinPLogitsWarper(0.3)],
+    ids=["temperature", "top-k", "top-k-wider-than-the-draft-vocabulary", "top-p", "min-p"],
+)
+def test_pruned_rows_are_processed_like_target_vocabulary_rows(processor):
+    """Over a pruned vocabulary, prefix-free processors act as on the target row that is -inf elsewhere,
+    even top-k with k above the draft vocabulary's size (both keep every draft token)."""
+    draft_ids = torch.tensor([1, 4, 5, 7, 8, 11])
+    logits = torch.randn(3, len(draft_ids), generator=torch.Generator().manual_seed(0))
+    chooser = DraftTokenChooser(torch.tensor([[2]]), LogitsProcessorList([processor]), True, 12, draft_ids)
+    chosen = chooser(logits)
+    full = torch.full((3, 12), float("-inf"))
+    full[:, draft_ids] = logits
+    expected = processor(torch.tensor([[2]]), full)
+    torch.testing.assert_close(chooser.q_logits(), expected)
+    assert set(chosen.tolist()) <= set(draft_ids.tolist())
+
+
+def test_a_processor_that_reads_the_prefix_sees_the_draft_tokens():
+    """Repetition penalty: the second draft token is penalised for the first, as the target will see it."""
+    chooser = DraftTokenChooser(torch.tensor([[5]]), LogitsProcessorList([RepetitionPenaltyLogitsProcessor(100.0)]))
+    assert not chooser.prefix_free
+    row = torch.tensor([[0.0, 3.0, 2.0, 0.0, 0.0, 1.0]])
+    assert [int(chooser(row)) for _ in range(2)] == [1, 2]
+    assert chooser.running_prefix(row.device).tolist() == [[5, 1, 2]]
 
 
 def test_threshold_cut_is_the_first_low_confidence():

@@ -13,8 +13,9 @@ from conftest import tiny_target, write_deepspec
 from dspark_hf import DSparkDrafter
 from dspark_hf.core.costs import cost_table_path, profile_costs
 from dspark_hf.core.modeling import ContextCache
+from dspark_hf.core.ngram import MAX_PROPOSAL_TOKENS
 from dspark_hf.core.sampling import DraftTokenChooser
-from dspark_hf.core.scheduling import CostTable, DraftingGate, cost_aware_length
+from dspark_hf.core.scheduling import CostTable, DraftingGate, cost_aware_length, threshold_length
 from reference_drafting import assert_rounds_match, reference_rounds
 from test_generation import assert_trace_matches_output, build, prompts
 from test_sampling import SMALL_VOCAB, chi_square, chi_square_critical, exact_joint
@@ -177,7 +178,7 @@ def fresh_draft(drafter, sequence: torch.Tensor, position: int):
     hidden = drafter.target(sequence[:, :position], output_hidden_states=True).hidden_states
     context = ContextCache()
     layers = [hidden[i] for i in drafter.config.hidden_state_indices]
-    context.append(drafter.context_kv(layers, torch.arange(position)[None]), torch.arange(position))
+    context.append(drafter.context_kv(layers, torch.arange(position)[None]))
     chooser = DraftTokenChooser(sequence[:, : position + 1], None, do_sample=False)
     return drafter.draft(int(sequence[0, position]), position, context, chooser)
 
@@ -271,7 +272,8 @@ def test_profiled_once_then_read_from_disk(tmp_path, monkeypatch):
     path = cost_table_path(drafter)
     stored = json.loads(path.read_text())
     assert path.parent == tmp_path / "cache" / "cost_tables"
-    assert len(stored["verify_seconds"]) == 5 and stored["draft_seconds"] > 0
+    # T_verify(1..5) for the block, then up to the longest n-gram proposal (measured at a few lengths, interpolated)
+    assert len(stored["verify_seconds"]) == MAX_PROPOSAL_TOKENS + 1 and stored["draft_seconds"] > 0
     assert stored["key"]["device"] == "cpu" and stored["key"]["drafter_dtype"] == "torch.float32"
     assert drafter.cost_table.verify_seconds == tuple(stored["verify_seconds"])
     # a fresh drafter reads the file instead of measuring; refresh=True measures again
@@ -309,3 +311,10 @@ def test_first_profile_is_announced(tmp_path, monkeypatch, capsys):
     assert "profiling verify and draft costs" in capsys.readouterr().err
     profile_costs(drafter)
     assert capsys.readouterr().err == ""  # cached: said once
+
+
+def test_a_confidence_exactly_on_the_threshold_is_verified():
+    """The cut is before the first c_k *below* the threshold: c_k == threshold keeps x_k."""
+    assert threshold_length([0.9, 0.5, 0.3], 0.5, num_drafted=3, cap=3) == 2
+    assert threshold_length([0.5, 0.5], 0.5, num_drafted=2, cap=2) == 2
+    assert threshold_length([0.49999, 0.9], 0.5, num_drafted=2, cap=2) == 0

@@ -40,7 +40,8 @@ AUC_TOLERANCE = 0.005  # a held-out AUC drop beyond this rejects a temperature
 def apply_temperatures(confidences: torch.Tensor, temperatures: Sequence[float]) -> torch.Tensor:
     """c'_k = sigmoid(logit(c_k) / T_k) along the last axis; positions past the list keep c_k."""
     count = min(confidences.shape[-1], len(temperatures))
-    scale = torch.tensor(list(temperatures[:count]), dtype=confidences.dtype, device=confidences.device)
+    # A tensor already on the confidences' device and dtype is used as it is: no copy from the host per round.
+    scale = torch.as_tensor(temperatures[:count], dtype=confidences.dtype, device=confidences.device)
     calibrated = confidences.clone()
     calibrated[..., :count] = torch.sigmoid(torch.logit(confidences[..., :count]) / scale)
     return calibrated

@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 
 from .modeling import ContextCache
+from .ngram import MAX_PROPOSAL_TOKENS
 from .sampling import DraftTokenChooser
 from .scheduling import CostTable
 
@@ -33,6 +34,9 @@ CACHE_ENV_VAR = "DSPARK_HF_CACHE"
 PROFILE_CONTEXT_TOKENS = 256
 PROFILE_REPEATS = 5
 PROFILE_WARMUP = 2
+# Past the block, verify times are measured at these lengths and interpolated: hybrid drafting may send an
+# n-gram continuation of up to MAX_PROPOSAL_TOKENS, whose price it must know.
+LONG_PROPOSAL_LENGTHS = (12, 17, 25, MAX_PROPOSAL_TOKENS + 1)
 
 
 def cache_root() -> Path:
@@ -83,6 +87,7 @@ def cost_table_key(drafter) -> dict:
         "target_dtype": str(target.get_input_embeddings().weight.dtype),
         "drafter_dtype": str(drafter.dtype),
         "torch": torch.__version__,
+        "verify_lengths": MAX_PROPOSAL_TOKENS + 1,
     }
 
 
@@ -118,7 +123,9 @@ def measure_costs(drafter, context_tokens: int = PROFILE_CONTEXT_TOKENS, repeats
     target = drafter.target
     config = drafter.config
     device = target.get_input_embeddings().weight.device
-    longest = config.num_draft_tokens + 1
+    block_lengths = range(1, config.num_draft_tokens + 2)
+    measured = sorted({*block_lengths, *(n for n in LONG_PROPOSAL_LENGTHS if n > block_lengths[-1])})
+    longest = measured[-1]
     context_tokens = min(context_tokens, config.max_position_embeddings - longest - 1)
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, config.vocab_size, (1, context_tokens + longest), generator=generator).to(device)
@@ -131,12 +138,13 @@ def measure_costs(drafter, context_tokens: int = PROFILE_CONTEXT_TOKENS, repeats
         target(new_ids[:, :num_tokens], cache=target_cache, output_hidden_states=layers)
         target_cache.crop(-num_tokens)
 
-    verify_seconds = [median_seconds(lambda n=n: verify(n), device, repeats) for n in range(1, longest + 1)]
+    seconds = {n: median_seconds(lambda n=n: verify(n), device, repeats) for n in measured}
+    verify_seconds = interpolated(seconds)
 
-    draft_context = ContextCache()
-    positions = torch.arange(context_tokens)
-    draft_context.append(drafter.context_kv([prefill.hidden_states[i] for i in layers], positions[None]), positions)
-    anchor = int(new_ids[0, 0])
+    draft_context = ContextCache(context_tokens + config.block_size)
+    context_hidden = [prefill.hidden_states[i] for i in layers]
+    draft_context.append(drafter.context_kv(context_hidden, torch.arange(context_tokens)[None]))
+    anchor = new_ids[0, :1]
     draft_ids = drafter.draft_token_ids()
 
     def draft() -> None:
@@ -144,6 +152,18 @@ def measure_costs(drafter, context_tokens: int = PROFILE_CONTEXT_TOKENS, repeats
         drafter.draft(anchor, context_tokens, draft_context, chooser)
 
     return CostTable(median_seconds(draft, drafter.device, repeats), tuple(verify_seconds))
+
+
+def interpolated(seconds: dict[int, float]) -> list[float]:
+    """T_verify(1..longest) from times measured at some lengths, straight lines between them."""
+    lengths = sorted(seconds)
+    table = []
+    for n in range(1, lengths[-1] + 1):
+        upper = next(m for m in lengths if m >= n)
+        lower = max(m for m in lengths if m <= n)
+        share = 0.0 if upper == lower else (n - lower) / (upper - lower)
+        table.append(seconds[lower] + share * (seconds[upper] - seconds[lower]))
+    return table
 
 
 def profile_costs(drafter, refresh: bool = False) -> CostTable:

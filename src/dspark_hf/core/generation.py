@@ -22,6 +22,8 @@ read calibrated confidences; the trace keeps the raw ones.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import time
 import warnings
 from typing import Any, Optional
@@ -30,8 +32,10 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from .costs import profile_costs, synchronize
+from .calibration import apply_temperatures
+from .costs import profile_costs
 from .modeling import ContextCache, DraftBlock, DraftModel
+from .ngram import MAX_PROPOSAL_TOKENS, AcceptanceStats, Match, NgramIndex
 from .sampling import DraftTokenChooser
 from .scheduling import (
     AUTO_SCHEDULER,
@@ -40,35 +44,66 @@ from .scheduling import (
     THRESHOLD_SCHEDULER,
     CostTable,
     DraftingGate,
+    best_geometric_length,
     cost_aware_length,
+    geometric_expected,
     threshold_length,
 )
-from .trace import RoundRecord
+from .trace import CUT_BUDGET, CUT_COST, CUT_GATE, CUT_NO_DRAFT, CUT_THRESHOLD, CUT_WHOLE, RoundRecord, RoundTrace
 
-SCHEDULER_FIELDS = ("assistant_confidence_threshold", "num_assistant_tokens", "dspark_scheduler")
+SCHEDULER_FIELDS = ("assistant_confidence_threshold", "num_assistant_tokens", "dspark_scheduler", "dspark_ngram")
+# generate() kwargs that are ours, not transformers': the per-call settings above that GenerationConfig lacks, and
+# `dspark_rounds`, an object with .append that receives this call's RoundRecords as their rounds end.
+OWN_KWARGS = ("dspark_scheduler", "dspark_ngram")
+
+
+# The two private transformers methods `attach_to_target` wraps, and the parameters the wrappers rely on.
+PATCHED_METHODS = {
+    "_get_candidate_generator": ("generation_config", "logits_processor", "assistant_model"),
+    "_prepare_generation_config": ("generation_config",),
+}
+
+
+def check_patched_signatures(target) -> None:
+    """Fail in one clear line if a transformers release renamed what we wrap, rather than draft wrongly."""
+    import transformers
+
+    for name, needed in PATCHED_METHODS.items():
+        method = getattr(type(target), name, None)
+        parameters = inspect.signature(method).parameters if method is not None else {}
+        missing = [p for p in needed if p not in parameters]
+        if method is None or missing:
+            raise RuntimeError(
+                f"transformers {transformers.__version__} changed {type(target).__name__}.{name} "
+                f"(missing: {', '.join(missing) or 'the method'}); dspark_hf supports transformers>=5.24,<6 -- "
+                "install a supported version, or report this at the dspark_hf issue tracker."
+            )
 
 
 def attach_to_target(target) -> None:
     """Route `generate(assistant_model=<DSpark drafter>)` on this target instance to DSpark drafting."""
     if "_get_candidate_generator" in vars(target):
         return
+    check_patched_signatures(target)
     class_get_generator = target._get_candidate_generator
     class_prepare_config = target._prepare_generation_config
 
     def _prepare_generation_config(generation_config=None, **kwargs):
         # transformers fills unset fields with global defaults; remember which scheduler
         # fields the caller really set, so that the drafter's own defaults apply otherwise.
-        # `dspark_scheduler` is not a GenerationConfig attribute, so transformers would
-        # treat it as a model kwarg: it is taken out here and set on the config.
-        scheduler = kwargs.pop("dspark_scheduler", None)
+        # Our own fields are not GenerationConfig attributes, so transformers would treat
+        # them as model kwargs: they are taken out here and set on the config.
+        own = {key: kwargs.pop(key) for key in OWN_KWARGS if kwargs.get(key) is not None}
+        rounds = kwargs.pop("dspark_rounds", None)
         prepared, model_kwargs = class_prepare_config(generation_config, **kwargs)
-        if scheduler is not None:
-            prepared.dspark_scheduler = scheduler
+        for key, value in own.items():
+            setattr(prepared, key, value)
+        prepared._dspark_rounds = rounds
         prepared._dspark_explicit_fields = {
             key
             for key in SCHEDULER_FIELDS
-            if key in kwargs or getattr(generation_config, key, None) is not None
-        } | ({"dspark_scheduler"} if scheduler is not None else set())
+            if key in kwargs or key in own or getattr(generation_config, key, None) is not None
+        }
         return prepared, model_kwargs
 
     def _get_candidate_generator(generation_config, logits_processor, assistant_model=None, **kwargs):
@@ -137,15 +172,55 @@ def forget_prefilled_cache(cache) -> None:
         cache.crop(-cache.get_seq_length())
 
 
-class DSparkCandidateGenerator(CandidateGenerator):
-    """Drafts one DSpark block per round from the target's hidden states at `target_layer_ids`.
+class Stopwatch:
+    """Marks on the device's clock: CUDA events where there is CUDA, read after the round; else the host's."""
 
-    Round r: the hidden states the target just produced for committed tokens extend
-    the draft context cache; the drafter proposes a block after the anchor (the
-    target's last token); the scheduler keeps a prefix; transformers verifies it.
-    With the cost scheduler a round may skip drafting and send no candidates; the
-    context cache still grows, so drafting can resume. Every round, skipped or
-    not, is appended to `drafter.last_trace`.
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start, end) -> float:
+        if not self.cuda:
+            return end - start
+        end.synchronize()
+        return start.elapsed_time(end) / 1000
+
+
+@dataclasses.dataclass
+class Round:
+    """What one round proposed and sent, kept until transformers reports what survived."""
+
+    position: int  # the anchor's index
+    source: str  # "dspark", "ngram" or "none"
+    budget: int
+    num_verified: int
+    cut: str
+    started: float  # host clock, for the gate
+    marks: tuple  # Stopwatch marks: round start, candidates ready
+    block: Optional[DraftBlock] = None  # the DSpark block, when one was drafted (even if the n-gram won)
+    calibrated: Optional[list[float]] = None
+    match: Optional[Match] = None
+
+
+class DSparkCandidateGenerator(CandidateGenerator):
+    """Drafts one round at a time from the target's hidden states at `target_layer_ids`.
+
+    Round r: the hidden states the target just produced for committed tokens extend the
+    draft context cache; a source proposes tokens after the anchor (the target's last
+    token) -- the DSpark block, or with hybrid drafting an n-gram continuation from the
+    context when that is expected to commit more tokens per second; the scheduler keeps a
+    prefix; transformers verifies it. A round may propose nothing; the context cache
+    still grows, so drafting can resume.
+
+    Inside a round the host reads the device at most twice: the tokens the last round
+    committed (for the n-gram index, only with hybrid drafting) and the confidences the
+    scheduler weighs. Each round's record is built from its tensors when the trace is read.
     """
 
     requires_model_outputs = True
@@ -165,16 +240,27 @@ class DSparkCandidateGenerator(CandidateGenerator):
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"assistant_confidence_threshold is {self.threshold}; expected a value in [0, 1].")
         self.cap = int(scheduler_setting("num_assistant_tokens", generation_config, drafter))
-        self.calibration = drafter.calibration
         self.scheduler = scheduler_name(generation_config, drafter)
-        drafter.last_scheduler = self.scheduler
-        self.gate = DraftingGate(cost_table(drafter)) if self.scheduler == COST_SCHEDULER else None
+        hybrid = bool(scheduler_setting("dspark_ngram", generation_config, drafter))
+        self.costs = cost_table(drafter) if hybrid or self.scheduler == COST_SCHEDULER else None
+        self.gate = DraftingGate(self.costs) if self.scheduler == COST_SCHEDULER else None
+        self.ngram = NgramIndex() if hybrid else None
+        self.ngram_stats = AcceptanceStats()  # keyed by match length
+        self.dspark_stats = AcceptanceStats()  # one key: weighs a drafter without a confidence head
+        calibration = drafter.calibration
+        self.temperatures = (
+            None if calibration is None
+            else torch.tensor(calibration.temperatures, dtype=torch.float32, device=drafter.device)
+        )
         self.draft_token_ids = drafter.draft_token_ids()
-        self.cache = ContextCache()
+        # Room for every context token and the block the draft pass writes after them: never grown mid-call.
+        self.cache = ContextCache(self.max_length + drafter.config.block_size)
         self.context_tokens = 0  # sequence positions whose target hidden states are in the cache
-        self.pending: Optional[dict] = None
-        self.trace: list[RoundRecord] = []
-        drafter.last_trace = self.trace
+        self.clock = Stopwatch(drafter.device)
+        self.pending: Optional[Round] = None
+        self.rounds_sink = getattr(generation_config, "_dspark_rounds", None)
+        self.trace = RoundTrace()
+        drafter.last_trace, drafter.last_scheduler = self.trace, self.scheduler
 
     def _extend_context(self, input_ids: torch.Tensor, model_kwargs: dict, model_outputs) -> None:
         """Add the target's hidden states of the newly committed tokens before the anchor."""
@@ -194,7 +280,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
             layer_hidden = [h[:, real.to(h.device)] for h in layer_hidden]
         count = layer_hidden[0].shape[1]
         positions = torch.arange(len(self.cache), len(self.cache) + count, device=self.drafter.device)
-        self.cache.append(self.drafter.context_kv(layer_hidden, positions[None]), positions)
+        self.cache.append(self.drafter.context_kv(layer_hidden, positions[None]))
         self.context_tokens = input_ids.shape[1] - 1
 
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, **kwargs):
@@ -202,60 +288,139 @@ class DSparkCandidateGenerator(CandidateGenerator):
             # Prefill: the target must produce the anchor (and our context) before we can draft.
             forget_prefilled_cache((model_kwargs or {}).get("cache"))
             return input_ids, None
-        started = time.perf_counter()
+        started, start_mark = time.perf_counter(), self.clock.mark()
         self._extend_context(input_ids, model_kwargs or {}, model_outputs)
-        budget = min(self.cap, self.max_length - input_ids.shape[1] - 1)
-        block: Optional[DraftBlock] = None
-        num_verified = 0
-        if budget > 0 and (self.gate is None or self.gate.should_draft()):
+        if self.ngram is not None:
+            self.ngram.extend(input_ids[0, len(self.ngram.tokens) :].tolist())
+        room = self.max_length - input_ids.shape[1] - 1
+        plan = self._plan(input_ids, min(self.cap, room), room)
+        if plan["source"] == "ngram":
+            start = plan["match"].start  # the proposal is already on the device: a slice of the context
+            proposal = input_ids[0, start : start + plan["num_verified"]]
+            q_logits = one_hot_logits(proposal, self.drafter.config.vocab_size) if self.keep_q else None
+        elif plan["source"] == "dspark":
+            block = plan["block"]
+            proposal = block.draft_ids[: plan["num_verified"]]
+            q_logits = block.draft_logits[: plan["num_verified"]] if self.keep_q else None
+        self.pending = Round(
+            position=input_ids.shape[1] - 1, started=started, marks=(start_mark, self.clock.mark()), **plan
+        )
+        if plan["num_verified"] == 0:
+            return input_ids, None
+        candidates = torch.cat((input_ids, proposal.to(input_ids.device)[None]), dim=-1)
+        return candidates, None if q_logits is None else q_logits[None]
+
+    def _plan(self, input_ids: torch.Tensor, budget: int, room: int) -> dict:
+        """Choose this round's source and length; fields of a Round.
+
+        The choice between the sources reads only what is known before either proposes a
+        token: the n-gram continuation (a function of the context), the running statistics,
+        the cost table and DSpark's first confidence c_1. Which prefix of the DSpark block
+        to send then follows the scheduler, whose decision about x_k reads c_1..c_k only.
+        """
+        costs = self.costs
+        match, ngram_length, ngram_expected = None, 0, 0.0
+        ngram_budget = 0 if costs is None else min(MAX_PROPOSAL_TOKENS, room, len(costs.verify_seconds) - 1)
+        if self.ngram is not None and ngram_budget > 0:
+            match = self.ngram.lookup(ngram_budget)
+            if match is not None:
+                alpha = self.ngram_stats.alpha(match.match_length)
+                ngram_length, _ = best_geometric_length(alpha, costs, len(match.tokens))
+                ngram_expected = geometric_expected(alpha, ngram_length)
+                match = match if ngram_length > 0 else None
+        gate_open = self.gate is None or self.gate.should_draft()
+        drafting = budget > 0 and gate_open
+        if drafting and match is not None:
+            # No draft pass when even a block that survives whole could not beat the n-gram proposal.
+            _, ceiling = best_geometric_length(1.0, costs, budget, costs.draft_seconds)
+            drafting = ceiling > ngram_expected / costs.verify(1 + ngram_length)
+        block = calibrated = None
+        if drafting:
             chooser = DraftTokenChooser(
                 input_ids, self.logits_processor, self.do_sample, self.drafter.config.vocab_size, self.draft_token_ids,
                 keep_q=self.keep_q,
             )
-            block = self.drafter.draft(int(input_ids[0, -1]), len(self.cache), self.cache, chooser)
-            num_verified = self._verify_length(block, budget)
-        synchronize(self.drafter.device)
-        self.pending = {
-            "position": input_ids.shape[1] - 1,
-            "block": block,
-            "num_verified": num_verified,
-            "draft_seconds": time.perf_counter() - started,
-            "verify_started": time.perf_counter(),
-        }
-        if num_verified == 0:
-            return input_ids, None
-        draft_ids = block.draft_ids[:num_verified].to(input_ids.device)[None]
-        q_logits = block.draft_logits[None, :num_verified] if self.keep_q else None
-        return torch.cat((input_ids, draft_ids), dim=-1), q_logits
+            block = self.drafter.draft(input_ids[0, -1:], len(self.cache), self.cache, chooser)
+            calibrated = self._calibrated(block)
+            if match is not None:
+                alpha = calibrated[0] if calibrated else self.dspark_stats.alpha(0)
+                _, dspark_rate = best_geometric_length(alpha, costs, budget, costs.draft_seconds)
+                ngram_rate = ngram_expected / (costs.draft_seconds + costs.verify(1 + ngram_length))
+                match = match if ngram_rate > dspark_rate else None
+        common = dict(block=block, calibrated=calibrated)
+        if match is not None:
+            cut = CUT_WHOLE if ngram_length == len(match.tokens) else CUT_COST
+            return dict(source="ngram", budget=ngram_budget, num_verified=ngram_length, cut=cut, match=match, **common)
+        if block is not None:
+            length, cut = self._dspark_length(block, calibrated, budget)
+            return dict(source="dspark", budget=budget, num_verified=length, cut=cut, **common)
+        cut = CUT_NO_DRAFT if gate_open else CUT_GATE
+        return dict(source="none", budget=budget, num_verified=0, cut=cut, **common)
 
-    def _verify_length(self, block: DraftBlock, budget: int) -> int:
-        """The threshold cut, then (cost scheduler) the expected-tokens-per-second walk within it."""
+    def _calibrated(self, block: DraftBlock) -> Optional[list[float]]:
+        """The confidences as the scheduler reads them (STS applied): the round's one read of the drafter's output."""
+        if block.confidences is None:
+            return None
         confidences = block.confidences
-        if confidences is not None and self.calibration is not None:
-            confidences = self.calibration.apply(confidences)
-        length = threshold_length(confidences, self.threshold, len(block.draft_ids), budget)
+        if self.temperatures is not None:
+            confidences = apply_temperatures(confidences, self.temperatures)
+        return confidences.tolist()
+
+    def _dspark_length(self, block: DraftBlock, calibrated: Optional[list[float]], budget: int) -> tuple[int, str]:
+        """The threshold cut, then (cost scheduler) the expected-tokens-per-second walk within it; and why it stops."""
+        proposed = block.draft_ids.shape[0]
+        length = threshold_length(calibrated, self.threshold, proposed, budget)
+        cut = CUT_WHOLE if length == proposed else CUT_BUDGET if length == budget else CUT_THRESHOLD
         if self.gate is not None:
-            length = cost_aware_length(confidences, self.gate.costs, length)
-        return length
+            walked = cost_aware_length(calibrated, self.costs, length)
+            cut = CUT_COST if walked < length else cut
+            length = walked
+        return length, cut
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         if self.pending is None:  # the prefill round drafts nothing
             return
-        synchronize(input_ids.device)
-        pending, self.pending = self.pending, None
-        block = pending["block"]
-        record = RoundRecord(
-            position=pending["position"],
-            draft_ids=block.draft_ids.tolist() if block is not None else [],
-            confidences=block.confidences.tolist() if block is not None and block.confidences is not None else [],
-            num_verified=pending["num_verified"],
-            num_accepted=int(num_matches),
-            committed_ids=input_ids[0, pending["position"] + 1 :].tolist(),
-            draft_seconds=pending["draft_seconds"],
-            verify_seconds=time.perf_counter() - pending["verify_started"],
+        end_mark = self.clock.mark()
+        plan, self.pending = self.pending, None
+        seconds = time.perf_counter() - plan.started
+        committed = input_ids.shape[1] - plan.position - 1
+        if plan.source == "ngram":
+            self.ngram_stats.record(plan.match.match_length, plan.num_verified, int(num_matches))
+        elif plan.source == "dspark":
+            self.dspark_stats.record(0, plan.num_verified, int(num_matches))
+        if self.gate is not None and plan.source != "ngram":
+            self.gate.record(plan.source == "dspark", committed, seconds)
+        committed_ids = input_ids[0, plan.position + 1 :]
+        self.trace.add(lambda: self._record(plan, committed_ids, int(num_matches), end_mark))
+        if self.rounds_sink is not None:
+            self.rounds_sink.append(self.trace[-1])
+
+    def _record(self, plan: Round, committed_ids: torch.Tensor, num_accepted: int, end_mark) -> RoundRecord:
+        block = plan.block if plan.source != "ngram" else None
+        if plan.source == "ngram":
+            draft_ids = plan.match.tokens
+        else:
+            draft_ids = block.draft_ids.tolist() if block is not None else []
+        confidences = block.confidences.tolist() if block is not None and block.confidences is not None else []
+        start, drafted = plan.marks
+        return RoundRecord(
+            position=plan.position,
+            source=plan.source,
+            draft_ids=draft_ids,
+            confidences=confidences,
+            calibrated=list(plan.calibrated or []) if block is not None else [],
+            budget=plan.budget,
+            num_verified=plan.num_verified,
+            cut=plan.cut,
+            num_accepted=num_accepted,
+            committed_ids=committed_ids.tolist(),
+            draft_seconds=self.clock.seconds(start, drafted),
+            verify_seconds=self.clock.seconds(drafted, end_mark),
+            match_length=plan.match.match_length if plan.match is not None and plan.source == "ngram" else 0,
         )
-        self.trace.append(record)
-        if self.gate is not None:
-            self.gate.record(block is not None, len(record.committed_ids), record.draft_seconds + record.verify_seconds)
-        if self.drafter.on_round is not None:
-            self.drafter.on_round(record)
+
+
+def one_hot_logits(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[n, vocab] logits whose softmax puts all mass on each token: q of a proposal that is not sampled."""
+    logits = torch.full((len(token_ids), vocab_size), float("-inf"), device=token_ids.device)
+    return logits.scatter_(1, token_ids[:, None], 0.0)

@@ -44,7 +44,10 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """RoPE tables at absolute positions; non-default scalings come from transformers' own rules."""
+    """RoPE tables at absolute positions; non-default scalings come from transformers' own rules.
+
+    `inv_freq` stays float32 whatever dtype the drafter is cast to: bf16 would round the
+    frequencies, and the rounding error grows with the position."""
 
     def __init__(self, config: DSparkConfig):
         super().__init__()
@@ -65,12 +68,28 @@ class Rotary(nn.Module):
                 rope_parameters=dict(params),
             )
             inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[params["rope_type"]](rope_config, None)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.tables: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # cos/sin at positions 0.., see table()
+
+    def _apply(self, fn, recurse=True):
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = inv_freq.to(self.inv_freq.device)  # follow device moves, never dtype casts
+        self.tables = None
+        return self
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions[..., None].float() * self.inv_freq.to(positions.device)
         angles = torch.cat((angles, angles), dim=-1)
         return (angles.cos() * self.attention_scaling).to(dtype), (angles.sin() * self.attention_scaling).to(dtype)
+
+    def table(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [>= length, head_dim] at positions 0, 1, ...: computed once, doubled when outgrown."""
+        tables = self.tables
+        if tables is None or tables[0].shape[0] < length or tables[0].dtype != dtype:
+            size = max(length, 2 * tables[0].shape[0] if tables is not None else 0)
+            tables = self.tables = self(torch.arange(size, device=self.inv_freq.device), dtype)
+        return tables
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -129,11 +148,18 @@ class DraftAttention(nn.Module):
         keys = apply_rotary(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), cos, sin)
         return keys, self._heads(self.v_proj(x), self.num_kv_heads)
 
-    def forward(self, x, cos, sin, context_kv, mask=None):
+    def forward(self, x, cos, sin, context_kv, mask=None, block_in_cache=False):
+        """`context_kv`: the context's keys and values, which the block's follow. With `block_in_cache`
+        they are views of a ContextCache's storage ending in one block's free slots: the block's keys
+        and values are written there, so the context is never copied."""
         queries = apply_rotary(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), cos, sin)
         block_keys, block_values = self.keys_values(x, cos, sin)
-        keys = torch.cat((context_kv[0], block_keys), dim=2)
-        values = torch.cat((context_kv[1], block_values), dim=2)
+        keys, values = context_kv
+        if block_in_cache:
+            keys[:, :, -x.shape[1] :] = block_keys
+            values[:, :, -x.shape[1] :] = block_values
+        else:
+            keys, values = torch.cat((keys, block_keys), dim=2), torch.cat((values, block_values), dim=2)
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
 
@@ -153,8 +179,8 @@ class DraftLayer(nn.Module):
             }
         )
 
-    def forward(self, x, cos, sin, context_kv, mask=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, context_kv, mask)
+    def forward(self, x, cos, sin, context_kv, mask=None, block_in_cache=False):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, context_kv, mask, block_in_cache)
         h = self.post_attention_layernorm(x)
         return x + self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](h)) * self.mlp["up_proj"](h))
 
@@ -197,35 +223,67 @@ class MarkovHead(nn.Module):
 
 @dataclasses.dataclass
 class DraftBlock:
-    """One drafting pass: every token proposed, the distribution each came from, and its survival estimate."""
+    """One drafting pass: every token proposed, the distribution each came from, and its survival estimate.
 
-    draft_ids: torch.Tensor  # [n] proposed target token ids, left to right
-    draft_logits: Optional[torch.Tensor]  # [n, vocab] float32 logits whose softmax is q; None when greedy
-    confidences: Optional[torch.Tensor]  # [n] c_k, or None without a confidence head
+    All on the drafter's device: reading them is the caller's choice (and its host sync)."""
+
+    draft_ids: torch.Tensor  # [n] long: proposed target token ids, left to right
+    draft_logits: Optional[torch.Tensor]  # [n, vocab] float32 logits whose softmax is q; None when not kept
+    confidences: Optional[torch.Tensor]  # [n] float32 c_k, or None without a confidence head
 
 
 class ContextCache:
-    """Per-layer keys/values of committed context only, and their positions; block keys/values never enter it."""
+    """Keys/values of the committed context per draft layer, in storage allocated once and written in place.
 
-    def __init__(self):
-        self.keys: list[torch.Tensor] = []
+    Context token i sits in slot i, at position i. A drafting pass writes its block's keys and
+    values into the free slots right after the context (the next append overwrites them), so a
+    round copies its new tokens only, whatever the context length. The storage takes the dtype
+    and device of the first keys appended, and doubles when outgrown.
+    """
+
+    def __init__(self, capacity: int = 0):
+        # slots per layer: a generate() call of max_length tokens never outgrows max_length + block_size
+        self.capacity = capacity
+        self.length = 0
+        self.keys: list[torch.Tensor] = []  # per layer [1, kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor] = []
-        self.positions: Optional[torch.Tensor] = None  # [T] position of each cached token
 
     def __len__(self) -> int:
-        return 0 if self.positions is None else len(self.positions)
+        return self.length
 
-    def append(self, per_layer_kv: list[tuple[torch.Tensor, torch.Tensor]], positions: torch.Tensor) -> None:
-        if not self.keys:
-            self.keys, self.values = [k for k, _ in per_layer_kv], [v for _, v in per_layer_kv]
-            self.positions = positions
+    def append(self, per_layer_kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Add the keys/values [1, kv_heads, n, head_dim] of n new context tokens, at positions len(self)..."""
+        count = per_layer_kv[0][0].shape[2]
+        end = self.length + count
+        self.reserve(end, per_layer_kv)
+        for keys, values, (new_keys, new_values) in zip(self.keys, self.values, per_layer_kv):
+            keys[:, :, self.length : end] = new_keys
+            values[:, :, self.length : end] = new_values
+        self.length = end
+
+    def reserve(self, slots: int, like: Optional[list[tuple[torch.Tensor, torch.Tensor]]] = None) -> None:
+        """Make room for `slots` tokens per layer: allocate (shaped like `like`) or double the storage."""
+        if self.keys and slots <= self.capacity:
             return
-        self.keys = [torch.cat((old, new), dim=2) for old, (new, _) in zip(self.keys, per_layer_kv)]
-        self.values = [torch.cat((old, new), dim=2) for old, (_, new) in zip(self.values, per_layer_kv)]
-        self.positions = torch.cat((self.positions, positions))
+        like = like or list(zip(self.keys, self.values))
+        if not like:
+            raise ValueError("The context cache is empty: append the context's keys/values before drafting.")
+        size = max(slots, self.capacity, 2 * self.capacity if self.keys else 0)
+
+        def grown(old: Optional[torch.Tensor], template: torch.Tensor) -> torch.Tensor:
+            # zeros, not empty: masked slots still enter attention's matmul, and 0 * NaN would leak
+            storage = template.new_zeros((*template.shape[:2], size, template.shape[3]))
+            if old is not None:
+                storage[:, :, : self.length] = old[:, :, : self.length]
+            return storage
+
+        olds = list(zip(self.keys, self.values)) or [(None, None)] * len(like)
+        self.keys = [grown(old, template) for (old, _), (template, _) in zip(olds, like)]
+        self.values = [grown(old, template) for (_, old), (_, template) in zip(olds, like)]
+        self.capacity = size
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.keys[index], self.values[index]
+        return self.keys[index][:, :, : self.length], self.values[index][:, :, : self.length]
 
 
 class DraftModel(nn.Module):
@@ -260,7 +318,7 @@ class DraftModel(nn.Module):
         self.generation_config = default_generation_config(config)
         self.last_trace: list = []  # one RoundRecord per drafting round of the latest generate() call
         self.last_scheduler: Optional[str] = None  # the scheduler that call used ("auto" resolved)
-        self.on_round: Optional[Callable] = None  # called with each RoundRecord as soon as its round ends
+        self.compiled_pass: Optional[Callable] = None  # draft_pass compiled by compile_draft()
         self.calibration = None  # STS temperatures, read from dspark_calibration.json when the checkpoint has one
         self.cost_table = None  # verify/draft timings for the cost scheduler: profiled on first use, or assigned
 
@@ -318,19 +376,28 @@ class DraftModel(nn.Module):
 
         `single_block`: one block whose context all lies before its anchor (inference), so
         full-attention layers need no mask at all."""
-        x = self.embed(block_ids)
-        cos, sin = self.rotary(block_positions.to(self.device), self.dtype)
         size = self.config.block_size
         anchors = block_positions.reshape(-1)[::size].to(self.device)
         context_positions = context_positions.to(self.device)
         full_mask = None if single_block else block_attention_mask(anchors, size, context_positions)
-        for index, (layer, kv) in enumerate(zip(self.layers, context_kv)):
+        masks = self.layer_masks(full_mask, lambda window, causal: block_attention_mask(
+            anchors, size, context_positions, window, causal))
+        cos, sin = self.rotary(block_positions.to(self.device), self.dtype)
+        return self.run_layers(self.embed(block_ids), cos, sin, context_kv, masks)
+
+    def layer_masks(self, full_mask, sliding_mask: Callable) -> list:
+        """Each layer's mask: `full_mask` for full attention; one `sliding_mask(window, causal)` per window size."""
+        causal = not self.config.sliding_window_non_causal  # sliding layers are causal inside the block unless told
+        by_window = {None: full_mask}
+        for index in range(len(self.layers)):
             window = self.config.layer_window(index)
-            mask = full_mask
-            if window is not None:  # sliding layers: the window, and causal inside the block unless told otherwise
-                causal = not self.config.sliding_window_non_causal
-                mask = block_attention_mask(anchors, size, context_positions, window, causal)
-            x = layer(x, cos, sin, kv, mask)
+            if window not in by_window:
+                by_window[window] = sliding_mask(window, causal)
+        return [by_window[self.config.layer_window(index)] for index in range(len(self.layers))]
+
+    def run_layers(self, x, cos, sin, context_kv, masks, block_in_cache=False) -> torch.Tensor:
+        for layer, kv, mask in zip(self.layers, context_kv, masks):
+            x = layer(x, cos, sin, kv, mask, block_in_cache)
         return self.norm(x)
 
     def head_step(self, hidden, prev_ids, state=None, token_ids=None):
@@ -346,37 +413,73 @@ class DraftModel(nn.Module):
             confidence_logit = self.confidence_head["proj"](features).squeeze(-1)
         return bias, confidence_logit, state
 
-    def anchor_block(self, anchor_id: int, anchor_position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`[anchor, MASK x (block_size-1)]` and its positions, as [1, block_size] tensors."""
+    def anchor_block(self, anchor_id, anchor_position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[anchor, MASK x (block_size-1)]` and its positions, as [1, block_size] tensors; `anchor_id`: int or [1]."""
         size = self.config.block_size
-        ids = torch.full((1, size), self.config.mask_token_id, dtype=torch.long, device=self.device)
-        ids[0, 0] = anchor_id
+        if isinstance(anchor_id, int):
+            anchor_id = torch.full((1,), anchor_id, device=self.device)
+        masks = torch.full((size - 1,), self.config.mask_token_id, dtype=torch.long, device=self.device)
+        ids = torch.cat((anchor_id.to(self.device, torch.long), masks))[None]
         positions = torch.arange(anchor_position, anchor_position + size, device=self.device)[None]
         return ids, positions
 
+    # ------------------------------------------------------------- drafting
     @torch.no_grad()
-    def draft(self, anchor_id: int, anchor_position: int, cache: ContextCache, choose: DraftTokenChooser) -> DraftBlock:
-        """One parallel pass, then the sequential head left to right, then the confidences.
+    def draft(self, anchor_id, anchor_position: int, cache: ContextCache, choose: DraftTokenChooser) -> DraftBlock:
+        """Propose a block after the anchor (a [1] tensor, or an int) that follows the context in `cache`.
 
-        `choose(logits)` turns step k's logits over the scored vocabulary (base + Markov
-        bias) into a target token id, and keeps the distribution q it drew from.
+        Sets up the round from host-side sizes only, then runs `draft_pass`. The host never waits
+        for the device: the block comes back as device tensors.
         """
+        length, size = len(cache), self.config.block_size
+        if anchor_position != length:
+            raise ValueError(f"The anchor is at position {anchor_position}, but the context cache holds {length} "
+                             "tokens: drafting continues the cached context.")
         block_ids, positions = self.anchor_block(anchor_id, anchor_position)
-        kv = [cache.layer(i) for i in range(len(self.layers))]
-        hidden = self.backbone(block_ids, positions, kv, cache.positions, single_block=True)
-        hidden = hidden[0, self.config.first_draft_index :]
+        cache.reserve(length + size)
+        # Compiled: attend over the whole storage, masked, so that shapes do not change from round to round.
+        # Processors that read the running prefix see a longer one each round: they run eagerly.
+        compiled = self.compiled_pass is not None and choose.prefix_free
+        span = cache.capacity - size if compiled else length  # context slots attention reads
+        cos, sin = (table[positions] for table in self.rotary.table(length + size, self.dtype))
+        anchor, slots = positions[0, :1], torch.arange(span, device=self.device)
+        full_mask = block_attention_mask(anchor, size, slots) if compiled else None
+        masks = self.layer_masks(full_mask, lambda window, causal: block_attention_mask(
+            anchor, size, slots, window, causal))
+        kv = [(k[:, :, : span + size], v[:, :, : span + size]) for k, v in zip(cache.keys, cache.values)]
+        run = self.compiled_pass if compiled else self.draft_pass
+        draft_ids, confidences = run(block_ids, cos, sin, kv, masks, choose)
+        return DraftBlock(draft_ids, choose.q_logits(), confidences)
+
+    def draft_pass(self, block_ids, cos, sin, kv, masks, choose: DraftTokenChooser):
+        """A round's tensor work: the block's hidden states, its tokens, their confidences -> (ids [n], c [n] or None).
+
+        A drafter without a Markov head chooses the whole block at once (its tokens depend on
+        nothing drafted before them) unless a processor reads the running prefix."""
+        x = self.embed(block_ids)
+        hidden = self.run_layers(x, cos, sin, kv, masks, block_in_cache=True)[0, self.config.first_draft_index :]
         base_logits = self.draft_logits(hidden).float()
-        prev = torch.tensor([anchor_id], device=self.device)
-        state, draft_ids, confidence_logits = None, [], []
-        for k in range(hidden.shape[0]):
-            bias, confidence_logit, state = self.head_step(hidden[k : k + 1], prev, state)
-            token = choose(base_logits[k] if bias is None else base_logits[k] + bias[0].float())
-            draft_ids.append(token)
-            if confidence_logit is not None:
+        if self.markov_head is None and choose.prefix_free:
+            _, confidence_logits, _ = self.head_step(hidden, None)
+            draft_ids = choose(base_logits)
+        else:
+            previous, state, chosen, confidence_logits = block_ids[0, :1], None, [], []
+            for k in range(hidden.shape[0]):
+                bias, confidence_logit, state = self.head_step(hidden[k : k + 1], previous, state)
+                previous = choose(base_logits[k : k + 1] if bias is None else base_logits[k : k + 1] + bias.float())
+                chosen.append(previous)
                 confidence_logits.append(confidence_logit)
-            prev = torch.tensor([token], device=self.device)
-        confidences = torch.sigmoid(torch.cat(confidence_logits).float()) if confidence_logits else None
-        return DraftBlock(torch.tensor(draft_ids), choose.q_logits(), confidences)
+            draft_ids = torch.cat(chosen)
+            confidence_logits = None if self.confidence_head is None else torch.cat(confidence_logits)
+        return draft_ids, None if confidence_logits is None else torch.sigmoid(confidence_logits.float())
+
+    def compile_draft(self, **options) -> "DraftModel":
+        """Compile `draft_pass` with torch.compile(fullgraph=True); `options` go to torch.compile.
+
+        The compiled pass attends over the cache's whole storage behind a mask, so it compiles
+        once per cache size and chooser setting rather than once per context length."""
+        self.compiled_pass = torch.compile(self.draft_pass, fullgraph=True, dynamic=False, **options)
+        return self
 
     def generate(self, *args, **kwargs):
         raise TypeError(

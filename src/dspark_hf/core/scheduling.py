@@ -12,9 +12,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import statistics
-from typing import Optional
+from typing import Optional, Sequence
 
-import torch
 from transformers import GenerationConfig
 
 from .config import DSparkConfig
@@ -33,12 +32,17 @@ DEFAULT_SCHEDULER = AUTO_SCHEDULER
 AUTO_COST_RATIO = 1.25
 
 
+# Hybrid drafting: each round may propose an n-gram continuation from the context instead of the DSpark block.
+DEFAULT_NGRAM = True
+
+
 def default_generation_config(config: DSparkConfig) -> GenerationConfig:
     """The drafter's own defaults for the scheduler fields, used when generate() does not set them."""
     return GenerationConfig(
         assistant_confidence_threshold=DEFAULT_CONFIDENCE_THRESHOLD,
         num_assistant_tokens=config.num_draft_tokens,
         dspark_scheduler=DEFAULT_SCHEDULER,
+        dspark_ngram=DEFAULT_NGRAM,
     )
 
 
@@ -71,16 +75,40 @@ class CostTable:
         return {"draft_seconds": self.draft_seconds, "verify_seconds": list(self.verify_seconds)}
 
 
-def threshold_length(confidences: Optional[torch.Tensor], threshold: float, num_drafted: int, cap: int) -> int:
+def threshold_length(confidences: Optional[Sequence[float]], threshold: float, num_drafted: int, cap: int) -> int:
     """Number of leading draft tokens to verify: stop before the first c_k < threshold, at most `cap`."""
     limit = max(0, min(num_drafted, cap))
     if confidences is None or threshold <= 0:
         return limit
-    below = (confidences[:limit] < threshold).nonzero()
-    return int(below[0]) if len(below) else limit
+    return next((k for k in range(limit) if confidences[k] < threshold), limit)
 
 
-def cost_aware_length(confidences: Optional[torch.Tensor], costs: CostTable, cap: int) -> int:
+def geometric_expected(alpha: float, length: int) -> float:
+    """1 + alpha + ... + alpha^length: tokens a round commits if each of `length` proposed tokens survives w.p. alpha."""
+    return sum(alpha**j for j in range(length + 1))
+
+
+def best_geometric_length(alpha: float, costs: CostTable, cap: int, extra_seconds: float = 0.0) -> tuple[int, float]:
+    """(l, rate): the proposal length l <= cap that commits most tokens per second if each survives with chance alpha.
+
+    A round sending l tokens commits 1 + alpha + ... + alpha^l tokens in `extra_seconds` + T_verify(1 + l);
+    l = 0 is one plain step. Both sources of hybrid drafting are weighed with it: the n-gram
+    source with its running acceptance for the match length (no draft pass), DSpark with its
+    first confidence, the one known before any draft token is drawn, plus its draft pass.
+    """
+    cap = max(0, min(cap, len(costs.verify_seconds) - 1))
+    best_length, best_rate = 0, 1.0 / (extra_seconds + costs.verify(1))
+    expected, chance = 1.0, 1.0
+    for length in range(1, cap + 1):
+        chance *= alpha
+        expected += chance  # geometric_expected(alpha, length)
+        rate = expected / (extra_seconds + costs.verify(1 + length))
+        if rate > best_rate:
+            best_length, best_rate = length, rate
+    return best_length, best_rate
+
+
+def cost_aware_length(confidences: Optional[Sequence[float]], costs: CostTable, cap: int) -> int:
     """Algorithm 1 with one request, looking ahead without anticipating.
 
     With survival a_j = prod_{i<=j} c_i, a round that verifies l tokens commits
@@ -97,7 +125,7 @@ def cost_aware_length(confidences: Optional[torch.Tensor], costs: CostTable, cap
     survival, expected = 1.0, 1.0
     for j in range(1, cap + 1):
         stop_rate = expected / costs.drafted_round(j - 1)
-        c = float(confidences[j - 1])
+        c = float(confidences[j - 1])  # a list here; a tensor from callers outside the round
         best_rate, projected, chance = 0.0, expected, survival
         for length in range(j, cap + 1):  # c_j for position j, and as the estimate of every later one
             chance *= c

@@ -47,6 +47,23 @@ def looks_like_path(name_or_path) -> bool:
     )
 
 
+class HubFetchError(CheckpointError):
+    """The Hub did not provide a drafter; the fix names the offline switch in the caller's terms."""
+
+    def __init__(self, name: str, cause: Exception):
+        self.name, self.cause = name, cause
+        super().__init__(self.message())
+
+    def message(self, offline_switch: str = "local_files_only=True") -> str:
+        """The error, telling Python users about `local_files_only=True` and CLI users about their flag."""
+        return (
+            f"Could not fetch draft checkpoint {self.name!r} from the Hugging Face Hub, and there is no local "
+            f"directory of that name ({type(self.cause).__name__}: {self.cause}). If this machine is offline, "
+            "download it elsewhere and pass the local directory, or make sure it is already in the huggingface_hub "
+            f"cache (cache_dir / HF_HOME) and pass {offline_switch}."
+        )
+
+
 def resolve_checkpoint(name_or_path, *, revision=None, token=None, cache_dir=None, local_files_only=False) -> Path:
     """A local directory as is; otherwise a Hub repo id, fetched through huggingface_hub's cache."""
     if os.path.isdir(os.path.expanduser(str(name_or_path))):
@@ -72,12 +89,7 @@ def resolve_checkpoint(name_or_path, *, revision=None, token=None, cache_dir=Non
             f"{name_or_path!r} is neither an existing local directory nor a valid Hub repo id (like 'org/name')."
         ) from None
     except Exception as err:  # network, auth, missing repo: all end the same way for the user
-        raise CheckpointError(
-            f"Could not fetch draft checkpoint {name_or_path!r} from the Hugging Face Hub, and there is no local "
-            f"directory of that name ({type(err).__name__}: {err}). If this machine is offline, download it "
-            "elsewhere and pass the local directory, or make sure it is already in the huggingface_hub cache "
-            "(cache_dir / HF_HOME) and pass local_files_only=True."
-        ) from err
+        raise HubFetchError(str(name_or_path), err) from err
 
 
 # ------------------------------------------------------------------ reading

@@ -57,6 +57,8 @@ def read_config(raw: dict, source: str, sample_from_anchor: Optional[bool] = Non
             "speculators checkpoints (Eagle-style drafters draft autoregressively and are another family)."
         )
     layer = full_layer_config(raw, source)
+    if layer.get("sliding_window") is None:
+        layer["layer_types"] = None  # as speculators reads it: without a window, "sliding" layers see all the context
     target_hidden = raw.get("target_hidden_size")
     if target_hidden not in (None, layer["hidden_size"]):
         raise CheckpointError(

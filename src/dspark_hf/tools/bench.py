@@ -9,6 +9,7 @@ functions of the recorded rounds and timings, kept apart from the measuring loop
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import itertools
 import json
@@ -16,7 +17,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -25,16 +25,25 @@ import torch
 from ..core.costs import cpu_model
 from ..core.trace import RoundRecord, summarize
 from ..formats.loader import DSparkDrafter
-from .errors import InputError, probability
-from .prompts import read_prompts, render_prompt
-from .targets import DEFAULT_TARGET, fast_drafter_dtype, load_target, shipped_drafter_path
+from .errors import InputError, positive_int, probability
+from .exactness import find_divergence
+from .options import (
+    add_model_arguments,
+    add_sampling_arguments,
+    load_target_from_args,
+    sampling_kwargs,
+    timed_generate,
+)
+from .prompts import prompt_file, read_prompts, render_prompt, shipped_prompt_sets
+from .targets import DEFAULT_TARGET, dflash_drafter_path, fast_drafter_dtype, load_target, shipped_drafter_path
 
-DEFAULT_METHODS = "plain,dspark,dspark-full,dflash,prompt-lookup"
+DEFAULT_METHODS = "plain,dspark,dspark-only,dspark-full,prompt-lookup"  # dflash: an ablation, in a checkout only
 DEFAULT_PROMPT_LOOKUP_TOKENS = 7
 # What may follow each method name: nothing, an optional "=VALUE", or a required one.
 METHOD_VALUES = {
     "plain": "none",
     "dspark": "none",
+    "dspark-only": "none",
     "dspark-full": "none",
     "dspark-cost": "none",
     "dflash": "optional",
@@ -42,13 +51,16 @@ METHOD_VALUES = {
     "assistant": "required",
 }
 METHOD_HELP = (
-    "plain, dspark (the drafter's own defaults, as generate() runs it), dspark-full (whole blocks), dspark@T "
+    "plain, dspark (the drafter's own defaults, as generate() runs it), dspark-only (the defaults without hybrid "
+    "n-gram drafting), dspark-full (whole blocks), dspark@T "
     "(threshold T), dspark-cost, dflash[=DIR] (whole blocks), prompt-lookup[=N], assistant=MODEL"
 )
-# The threshold scheduler at threshold 0: every drafted token is verified, which is how tau is defined.
-FULL_BLOCK = {"dspark_scheduler": "threshold", "assistant_confidence_threshold": 0.0}
+# The threshold scheduler at threshold 0, without n-gram rounds: every token the drafter drafts is verified,
+# which is how the drafter's tau is defined.
+FULL_BLOCK = {"dspark_scheduler": "threshold", "assistant_confidence_threshold": 0.0, "dspark_ngram": False}
 TRACE_FIELDS = (
-    "rounds", "tau", "acceptance_per_position", "verify_rate", "draft_seconds", "verify_seconds", "draft_share"
+    "rounds", "rounds_by_source", "tau", "acceptance_per_position", "verify_rate", "draft_seconds", "verify_seconds",
+    "draft_share",
 )
 
 
@@ -91,6 +103,7 @@ def trace_metrics(traces: Sequence[Sequence[RoundRecord]]) -> dict:
     busy_seconds = summary.draft_seconds + summary.verify_seconds
     return {
         "rounds": summary.rounds,
+        "rounds_by_source": dict(collections.Counter(r.source for r in rounds)),  # dspark, ngram, none
         "tau": summary.tau,
         "acceptance_per_position": summary.acceptance_per_position,
         "verify_rate": summary.verify_rate if anything_verified else None,
@@ -115,11 +128,6 @@ def method_metrics(
         "per_prompt_speedup": ratios,
         **(trace_metrics(traces) if traces is not None else dict.fromkeys(TRACE_FIELDS)),
     }
-
-
-def count_mismatches(outputs: Sequence[list[int]], reference: Sequence[list[int]]) -> int:
-    """Prompts whose generated tokens differ from the reference's (greedy decoding must be lossless)."""
-    return sum(ours != theirs for ours, theirs in zip(outputs, reference, strict=True))
 
 
 def rotated(items: Sequence, shift: int) -> list:
@@ -169,23 +177,45 @@ class Method:
     drafter: Optional[object] = None  # a DSparkDrafter; its last_trace holds the rounds of the latest call
 
 
+def missing_drafter(kind: str) -> str:
+    if kind == "dspark":
+        return "method 'dspark' has no default drafter for this target: pass --drafter DIR."
+    return (
+        "method 'dflash' has no drafter here: pass dflash=DIR (for smollm2, a checkout of the repository has one "
+        "in drafters/smollm2_dflash; the package does not carry it)."
+    )
+
+
+def check_drafters(labels: list[str], drafter_paths: dict[str, Optional[str | os.PathLike]]) -> None:
+    """Before any model loads: every method that takes a default drafter has one."""
+    for label in labels:
+        kind, value = parse_method(label)
+        needed = "dspark" if kind.startswith("dspark") else "dflash" if kind == "dflash" and value is None else None
+        if needed and drafter_paths.get(needed) is None:
+            raise InputError(f"--methods: {missing_drafter(needed)}")
+
+
 class DrafterLoader:
     """Loads each drafter directory once, bound to the target, so 'dspark' and 'dspark@T' share one."""
 
-    def __init__(self, target, default_paths: dict[str, Optional[str | os.PathLike]], dtype=None):
+    def __init__(
+        self, target, default_paths: dict[str, Optional[str | os.PathLike]], dtype=None, local_files_only=False
+    ):
         self.target = target
         self.default_paths = default_paths
         self.dtype = dtype  # None: the target's
+        self.local_files_only = local_files_only
         self.loaded: dict[str, object] = {}
 
     def __call__(self, kind: str, path: Optional[str | os.PathLike] = None):
         path = path or self.default_paths.get(kind)
         if path is None:
-            how = "--drafter DIR" if kind == "dspark" else "dflash=DIR"
-            raise ValueError(f"method '{kind}' has no default drafter for this target: pass {how}.")
+            raise ValueError(missing_drafter(kind))
         key = str(path)
         if key not in self.loaded:
-            self.loaded[key] = DSparkDrafter.from_pretrained(path, self.target, dtype=self.dtype)
+            self.loaded[key] = DSparkDrafter.from_pretrained(
+                path, self.target, dtype=self.dtype, local_files_only=self.local_files_only
+            )
         return self.loaded[key]
 
 
@@ -212,6 +242,8 @@ def prepare_method(label: str, load_drafter: Callable, target, tokenizer=None) -
     drafter = load_drafter("dspark")
     if kind == "dspark" and value is None:  # nothing set: what generate() does with this drafter
         return Method(label, {"assistant_model": drafter}, drafter)
+    if kind == "dspark-only":  # the same, the drafter alone: no n-gram rounds
+        return Method(label, {"assistant_model": drafter, "dspark_ngram": False}, drafter)
     if kind == "dspark":
         settings = {"dspark_scheduler": "threshold", "assistant_confidence_threshold": float(value)}
     elif kind == "dspark-full":
@@ -234,10 +266,6 @@ class Runs:
     schedulers: set[str] = dataclasses.field(default_factory=set)  # the ones its calls used (one drafter serves several methods)
 
 
-def sampling_kwargs(temperature: float) -> dict:
-    return {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
-
-
 def describe_mode(temperature: float) -> str:
     return f"sampling (temperature {temperature:g})" if temperature > 0 else "greedy"
 
@@ -246,11 +274,7 @@ def generate_once(
     target, prompt_ids: list[int], method: Method, generation: dict
 ) -> tuple[list[int], Timing, list, Optional[str]]:
     """New tokens, wall time, drafting rounds and scheduler of one generate() call."""
-    ids = torch.tensor([prompt_ids], device=target.device)
-    started = time.perf_counter()
-    output = target.generate(ids, attention_mask=torch.ones_like(ids), **generation, **method.generate_kwargs)
-    seconds = time.perf_counter() - started
-    new_tokens = output[0, ids.shape[1] :].tolist()
+    new_tokens, seconds = timed_generate(target, prompt_ids, **generation, **method.generate_kwargs)
     if method.drafter is None:
         return new_tokens, Timing(len(new_tokens), seconds), [], None
     return new_tokens, Timing(len(new_tokens), seconds), list(method.drafter.last_trace), method.drafter.last_scheduler
@@ -266,7 +290,9 @@ def measure(
     if not all_prompts:
         raise ValueError("no prompts to benchmark.")
     first_prompt = all_prompts[0]
-    for method in methods:
+    for number, method in enumerate(methods, start=1):
+        if progress:
+            print(f"dspark bench: warming up {method.label} ({number}/{len(methods)})", file=sys.stderr, flush=True)
         generate_once(target, first_prompt, method, generation)
     runs = {name: {method.label: Runs() for method in methods} for name in prompt_sets}
     prompt_number = itertools.count()
@@ -288,20 +314,41 @@ def measure(
     return runs
 
 
-def result_rows(runs: dict[str, dict[str, Runs]], methods: list[Method], greedy: bool) -> list[dict]:
+def divergences(
+    target, prompts: Sequence[list[int]], outputs: Sequence[list[int]], plain: Sequence[list[int]]
+) -> list[dict]:
+    """Every greedy output that differs from plain decoding: its prompt number and where and how close it left."""
+    found = []
+    for number, (prompt_ids, ours, theirs) in enumerate(zip(prompts, outputs, plain, strict=True)):
+        divergence = find_divergence(target, prompt_ids, theirs, ours)
+        if divergence is not None:
+            found.append({"prompt": number, **dataclasses.asdict(divergence)})
+    return found
+
+
+def result_rows(
+    runs: dict[str, dict[str, Runs]],
+    methods: list[Method],
+    target,
+    prompt_sets: dict[str, list[list[int]]],
+    greedy: bool,
+) -> list[dict]:
+    """One row per prompt set and method; greedy rows list where outputs left plain decoding."""
     rows = []
     for name, by_method in runs.items():
         plain = by_method["plain"]
         for method in methods:
             measured = by_method[method.label]
             traces = measured.traces if method.drafter is not None else None
+            differing = divergences(target, prompt_sets[name], measured.outputs, plain.outputs) if greedy else None
             rows.append(
                 {
                     "prompt_set": name,
                     "method": method.label,
                     "scheduler": "/".join(sorted(measured.schedulers)) or None,
                     **method_metrics(measured.timings, plain.timings, traces),
-                    "greedy_mismatches": count_mismatches(measured.outputs, plain.outputs) if greedy else None,
+                    "greedy_mismatches": len(differing) if greedy else None,
+                    "divergences": differing,
                 }
             )
     return rows
@@ -344,21 +391,23 @@ def benchmark(
     settings: Optional[dict] = None,
     progress: bool = True,
     drafter_dtype=None,
+    local_files_only: bool = False,
 ) -> dict:
     """Measure every method on every prompt set (already tokenized); the report as a JSON-ready dict.
 
     `drafter_paths` gives the drafter used by 'dspark' / 'dspark@T' and by 'dflash' without '=DIR'.
     `settings` adds descriptive entries (model names, files) to the report's settings.
     `drafter_dtype` loads the drafters in that dtype (default: the target's).
+    Greedy runs that leave plain decoding are listed with the plain run's margin there (see `exactness`).
     """
     if "plain" not in method_labels:
         raise ValueError("'plain' must be among the methods: speed-ups and the lossless check refer to it.")
-    load_drafter = DrafterLoader(target, drafter_paths or {}, drafter_dtype)
+    load_drafter = DrafterLoader(target, drafter_paths or {}, drafter_dtype, local_files_only)
     methods = [prepare_method(label, load_drafter, target, tokenizer) for label in method_labels]
     generation = {"max_new_tokens": max_new_tokens, **sampling_kwargs(temperature)}
     runs = measure(target, prompt_sets, methods, generation, seed, progress)
     greedy = temperature <= 0
-    rows = result_rows(runs, methods, greedy)
+    rows = result_rows(runs, methods, target, prompt_sets, greedy)
     return {
         "environment": describe_environment(target),
         "settings": {
@@ -430,12 +479,36 @@ def render_markdown(report: dict) -> str:
     if report["greedy_mismatches"] is not None:
         verdict = "identical to plain" if report["greedy_mismatches"] == 0 else "NOT identical to plain"
         lines += ["", f"Greedy outputs {verdict}: {report['greedy_mismatches']} mismatching prompt(s)."]
-        if report["greedy_mismatches"] and environment["dtype"] != "float32":
-            lines.append(
-                f"In {environment['dtype']}, verifying several tokens in one batch rounds differently from one at a "
-                "time, so near-ties can flip, as in transformers' own assisted decoding; in float32 this is a failure."
-            )
+    if report["greedy_mismatches"]:
+        lines += ["", *divergence_lines(report["results"], environment["dtype"])]
     return "\n".join(lines) + "\n"
+
+
+def divergence_lines(rows: list[dict], dtype: str) -> list[str]:
+    """The table of outputs that left plain decoding, and what that means in this dtype."""
+    listed = [(row, found) for row in rows for found in row["divergences"] or []]
+    most = max(found["steps"] for _, found in listed)
+    if dtype == "float32":
+        meaning = "In float32 this is a failure: the output must equal plain decoding token for token."
+    else:
+        meaning = (
+            f"In {dtype}, verifying several tokens in one batch rounds differently from one at a time, so a near-tie "
+            "can flip, as in transformers' own assisted decoding. At each first difference the plain run's top two "
+            f"logits were within {most:.2f} bf16 steps of each other (a step is the bf16 spacing at the top logit)."
+        )
+    return [
+        "| prompt set | method | prompt | first different token | plain token / this token | plain's top-2 margin "
+        "| bf16 steps |",
+        "|---|---|---|---|---|---|---|",
+        *(
+            f"| {row['prompt_set']} | {row['method']} | {found['prompt']} | {found['index']} | "
+            f"{found['plain_token']} / {'end' if found['token'] is None else found['token']} | "
+            f"{found['margin']:.4g} | {found['steps']:.2f} |"
+            for row, found in listed
+        ),
+        "",
+        meaning,
+    ]
 
 
 def write_report(report: dict, json_path: str | os.PathLike, markdown_path: Optional[str | os.PathLike] = None) -> str:
@@ -452,29 +525,29 @@ def write_report(report: dict, json_path: str | os.PathLike, markdown_path: Opti
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="Hub id or directory ('smollm2': offline default)")
-    parser.add_argument("--drafter", default=None, help="DSpark drafter (default: the one shipped for smollm2)")
-    parser.add_argument("--local-files-only", action="store_true", help="never reach the Hub; use its cache only")
-    parser.add_argument("--prompts", nargs="+", required=True, help='jsonl files of {"turns": [...]}; one set each')
-    parser.add_argument("--limit", type=int, default=None, help="prompts per set")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; otherwise sampling")
-    parser.add_argument("--threshold", type=probability, default=None, help="also run dspark@THRESHOLD")
+    add_model_arguments(parser)
+    parser.add_argument(
+        "--prompts", nargs="+", required=True,
+        help=f"prompt sets, one per file: shipped names ({', '.join(shipped_prompt_sets())}) or jsonl files of "
+        '{"turns": [...]}',
+    )
+    parser.add_argument("--limit", type=positive_int, default=None, help="prompts per set; unset: all")
+    add_sampling_arguments(parser, threshold_help="also run dspark@THRESHOLD")
     parser.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated: {METHOD_HELP}")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed of the first prompt (+1 per prompt)")
     parser.add_argument("--json", default=None, help="also write the full report here")
     parser.add_argument("--markdown", default=None, help="also write the tables here")
     parser.set_defaults(func=run)
 
 
-def read_prompt_sets(paths: Sequence[str], limit: Optional[int]) -> dict[str, list[str]]:
-    """The prompts of each file, named by the file's stem."""
+def read_prompt_sets(names_or_paths: Sequence[str], limit: Optional[int]) -> dict[str, list[str]]:
+    """The prompts of each set, named by its file's stem."""
     sets: dict[str, list[str]] = {}
-    for path in paths:
-        name = Path(path).stem
+    for name_or_path in names_or_paths:
+        name = prompt_file(name_or_path).stem
         if name in sets:
             raise InputError(f"two prompt files are named {name!r}; each set needs its own name.")
-        sets[name] = read_prompts([path], limit=limit)
+        sets[name] = read_prompts([name_or_path], limit=limit)
     return sets
 
 
@@ -483,20 +556,22 @@ def run(args) -> None:
         labels = parse_methods(args.methods, args.threshold)
     except ValueError as error:
         raise InputError(f"--methods: {error}") from None
-    prompt_sets = read_prompt_sets(args.prompts, args.limit)  # bad files fail before any model loads
-    target, tokenizer = load_target(args.target, local_files_only=args.local_files_only)
     default_pair = args.target == DEFAULT_TARGET
     drafter_paths = {
-        "dspark": args.drafter or (shipped_drafter_path("dspark") if default_pair else None),
-        "dflash": shipped_drafter_path("dflash") if default_pair else None,
+        "dspark": args.drafter or (shipped_drafter_path() if default_pair else None),
+        "dflash": dflash_drafter_path() if default_pair else None,
     }
+    check_drafters(labels, drafter_paths)
+    prompt_sets = read_prompt_sets(args.prompts, args.limit)  # bad input fails before any model loads
+    target, tokenizer = load_target_from_args(args)
     report = benchmark(
         target,
         {name: [render_prompt(tokenizer, p) for p in prompts] for name, prompts in prompt_sets.items()},
         labels,
         drafter_paths=drafter_paths,
         tokenizer=tokenizer,
-        drafter_dtype=fast_drafter_dtype(target) if default_pair and not args.drafter else None,
+        drafter_dtype=fast_drafter_dtype(target),
+        local_files_only=args.local_files_only,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         seed=args.seed,
@@ -504,7 +579,7 @@ def run(args) -> None:
             "target": args.target,
             "drafter": str(drafter_paths["dspark"]) if drafter_paths["dspark"] else None,
             "dflash_drafter": str(drafter_paths["dflash"]) if drafter_paths["dflash"] else None,
-            "prompt_files": list(args.prompts),
+            "prompt_files": [str(prompt_file(name)) for name in args.prompts],
             "limit": args.limit,
         },
     )

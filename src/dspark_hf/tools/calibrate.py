@@ -26,9 +26,10 @@ from ..core.calibration import (
     reliability_curve,
 )
 from ..core.costs import cost_table_path, profile_costs
-from .errors import InputError
+from .errors import InputError, positive_int
+from .options import add_model_arguments, load_pair_from_args
 from .prompts import read_prompts, render_prompt
-from .targets import DEFAULT_TARGET, load_pair, shipped_drafter_path
+from .targets import shipped_drafter_path
 
 REPORT_FILE = "dspark_calibration.md"
 DIAGRAM_FILE = "dspark_calibration.png"
@@ -113,6 +114,7 @@ def collect_rounds(target, drafter, prompts_ids: list[list[int]], max_new_tokens
         max_new_tokens=max_new_tokens,
         dspark_scheduler="threshold",
         assistant_confidence_threshold=0.0,
+        dspark_ngram=False,  # the drafter's own rounds only: n-gram rounds carry no confidences
         num_assistant_tokens=drafter.config.num_draft_tokens,
     )
     per_prompt = []
@@ -127,7 +129,7 @@ def collect_rounds(target, drafter, prompts_ids: list[list[int]], max_new_tokens
 def run(args) -> None:
     if not args.prompts and not args.profile_costs:
         raise InputError("give --prompts to calibrate, --profile-costs to re-profile, or both.")
-    target, tokenizer, drafter = load_pair(args.target, args.drafter, args.local_files_only, args.device)
+    target, tokenizer, drafter = load_pair_from_args(args)
     drafter_directory = shipped_drafter_path() if args.drafter is None else (
         Path(args.drafter) if os.path.isdir(args.drafter) else None
     )
@@ -180,16 +182,14 @@ def run(args) -> None:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="Hub id or directory ('smollm2': offline default)")
-    parser.add_argument("--drafter", default=None, help="Hub id or directory; default: the shipped SmolLM2 drafter")
-    parser.add_argument("--local-files-only", action="store_true", help="never reach the Hub; use its cache only")
-    parser.add_argument("--prompts", nargs="+", help='held-out jsonl files of {"turns": [...]}')
+    add_model_arguments(parser)
+    parser.add_argument("--prompts", nargs="+",
+                        help='held-out prompts: jsonl files of {"turns": [...]}, or shipped set names')
     parser.add_argument("--skip", type=int, default=0, help="leave out the first N prompts (e.g. those trained on)")
-    parser.add_argument("--limit", type=int, default=100, help="prompts to generate from")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--bins", type=int, default=DEFAULT_BINS, help="equal-width ECE bins")
-    parser.add_argument("--out", default=None, help="directory for the results; default: the drafter's own")
-    parser.add_argument("--device", default=None)
+    parser.add_argument("--limit", type=positive_int, default=100, help="prompts to generate from")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=256, help="most tokens per greedy answer")
+    parser.add_argument("--bins", type=positive_int, default=DEFAULT_BINS, help="equal-width ECE bins")
+    parser.add_argument("--out", default=None, help="directory for the results; unset: the drafter's own")
     parser.add_argument(
         "--profile-costs", action="store_true", help="measure the cost table for the 'cost' scheduler again"
     )

@@ -36,3 +36,10 @@ def port_number(text: str) -> int:
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{value} is not a TCP port (1-65535)")
     return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"{value:g} is not a number >= 0")
+    return value

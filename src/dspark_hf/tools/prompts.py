@@ -1,7 +1,8 @@
 """Prompt files and chat rendering, shared by every tool.
 
 A prompt file is JSONL, one `{"turns": [...]}` record per line; the first turn is the
-user message. Files are interleaved round-robin, so any prefix is a balanced mix.
+user message. Files are interleaved round-robin, so any prefix is a balanced mix. A bare
+name such as `gsm8k` names a dev set shipped with the package.
 """
 
 from __future__ import annotations
@@ -11,19 +12,37 @@ import json
 import os
 import pathlib
 from collections.abc import Iterable
+from importlib import resources
 
 from .errors import InputError
 
 RECORD_HINT = 'each line must be a JSON object like {"turns": ["the user message"]}'
 
 
+def shipped_prompt_sets() -> dict[str, pathlib.Path]:
+    """The dev prompt sets in the package, by name: gsm8k (math), humaneval (Python), mt-bench (chat)."""
+    folder = pathlib.Path(str(resources.files("dspark_hf") / "assets" / "prompts"))
+    return {path.stem: path for path in sorted(folder.glob("*.jsonl"))}
+
+
+def prompt_file(name_or_path: str | os.PathLike) -> pathlib.Path:
+    """A path as is; a bare name (no directory, no .jsonl, no such file here) is a shipped set."""
+    text = str(name_or_path)
+    if os.sep in text or "/" in text or text.endswith(".jsonl") or os.path.isfile(text):
+        return pathlib.Path(text)
+    sets = shipped_prompt_sets()
+    if text not in sets:
+        raise InputError(f"{text!r} is not a shipped prompt set ({', '.join(sets)}) nor a .jsonl file.")
+    return sets[text]
+
+
 def read_prompts(paths: Iterable[str | os.PathLike], limit: int | None = None) -> list[str]:
-    """First turns of the ``{"turns": [...]}`` lines of several jsonl files.
+    """First turns of the ``{"turns": [...]}`` lines of several jsonl files (or shipped set names).
 
     The files are interleaved round-robin, so every prefix of the result (and
     hence ``limit``) is a balanced mix of the sources.
     """
-    per_file = [_read_first_turns(pathlib.Path(path)) for path in paths]
+    per_file = [_read_first_turns(prompt_file(path)) for path in paths]
     interleaved = [
         prompt
         for round_of_prompts in itertools.zip_longest(*per_file)

@@ -6,21 +6,29 @@ produces them into a jsonl file, one record per prompt::
 
     {"prompt_index": 7, "prompt_ids": [...], "response_ids": [...]}
 
+Sampled answers (for breadth: several different answers to one prompt) carry
+their sample number and temperature too, ``{"prompt_index": 7, "sample": 1,
+"temperature": 0.8, ...}``; one file holds answers of one temperature.
 The file is appended batch by batch, so a long run can be killed and resumed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
+import time
 from collections.abc import Sequence
 
 import torch
+from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
 from ..errors import InputError
 from ..prompts import render_prompt
+from ..options import sampling_kwargs
+from .processes import process_state
 
 RECORD_FIELDS = ("prompt_ids", "response_ids")
 
@@ -108,8 +116,10 @@ def _stop_token_ids(target, tokenizer) -> list[int]:
 
 
 @torch.inference_mode()
-def _generate_batch(target, prompt_ids: list[list[int]], *, max_new_tokens, stop_ids, pad_id) -> list[list[int]]:
-    """Greedy continuations of left-padded prompts, cut after the first stop token."""
+def _generate_batch(
+    target, prompt_ids: list[list[int]], *, max_new_tokens, stop_ids, pad_id, sampling
+) -> list[list[int]]:
+    """Continuations of left-padded prompts (greedy, or as `sampling` says), cut after the first stop token."""
     width = max(len(ids) for ids in prompt_ids)
     input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
@@ -119,16 +129,29 @@ def _generate_batch(target, prompt_ids: list[list[int]], *, max_new_tokens, stop
     output = target.generate(
         input_ids=input_ids.to(target.device),
         attention_mask=attention_mask.to(target.device),
-        do_sample=False,
         max_new_tokens=max_new_tokens,
         eos_token_id=stop_ids,
         pad_token_id=pad_id,
+        **sampling,
     )
     responses = []
     for generated in output[:, width:].tolist():
         stop_at = next((pos for pos, token in enumerate(generated) if token in stop_ids), None)
         responses.append(generated if stop_at is None else generated[: stop_at + 1])
     return responses
+
+
+@dataclasses.dataclass
+class Regenerated:
+    """What one `regenerate` call did."""
+
+    answers: int  # written by this call
+    skipped: int  # prompts over the length limit, not written
+    seconds: float
+
+    @property
+    def answers_per_hour(self) -> float:
+        return self.answers * 3600 / max(self.seconds, 1e-9)
 
 
 def regenerate(
@@ -140,51 +163,77 @@ def regenerate(
     batch_size: int = 16,
     max_new_tokens: int = 256,
     max_prompt_tokens: int = 512,
-) -> None:
-    """Append the target's greedy response to every prompt to ``out_path``.
+    temperature: float = 0.0,
+    samples_per_prompt: int = 1,
+) -> Regenerated:
+    """Append the target's answers to every prompt to ``out_path``: greedy, or sampled at `temperature`.
 
-    Resumable: prompt indices already in ``out_path`` are skipped, so the
-    same ``prompts`` list must be passed again.  Prompts longer than
-    ``max_prompt_tokens`` tokens are skipped and not written.
+    Resumable: answers already in ``out_path`` are skipped, so the same ``prompts``
+    list must be passed again.  Prompts longer than ``max_prompt_tokens`` tokens are
+    skipped and not written.  Under `accelerate launch` each process answers its
+    share of every batch of `batch_size` prompts and the main process writes them all.
     """
+    if temperature == 0 and samples_per_prompt != 1:
+        raise InputError(f"{samples_per_prompt} greedy answers per prompt would all be the same; "
+                         "give a temperature above 0 to sample several.")
+    state = process_state(target.device)
     out_path = pathlib.Path(out_path)
     records, needs_repair = _read_records(out_path)
-    if needs_repair:
+    for record in records:
+        if record.get("temperature", 0.0) != temperature:
+            raise InputError(f"{out_path} holds answers at temperature {record.get('temperature', 0.0):g}, not "
+                             f"{temperature:g}; write these to another file.")
+    if needs_repair and state.is_main_process:
         _rewrite_records(out_path, records)
-    done = {record["prompt_index"] for record in records}
-    pending = [index for index in range(len(prompts)) if index not in done]
+    done = {(record["prompt_index"], record.get("sample", 0)) for record in records}
+    pending = [(index, sample) for index in range(len(prompts)) for sample in range(samples_per_prompt)
+               if (index, sample) not in done]
 
     stop_ids = _stop_token_ids(target, tokenizer)
     if not stop_ids:
         raise ValueError("Neither the target's generation config nor the tokenizer defines an EOS token")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    sampling = sampling_kwargs(temperature)
 
-    skipped = 0
-    window_size = batch_size * SORT_WINDOW_BATCHES
-    with tqdm(total=len(prompts), initial=len(prompts) - len(pending), unit="prompt", desc="regenerate") as bar, \
-            out_path.open("a", encoding="utf-8") as out:
+    started, written, skipped = time.perf_counter(), 0, 0
+    whole_batch = batch_size * state.num_processes
+    window_size = whole_batch * SORT_WINDOW_BATCHES
+    total = len(prompts) * samples_per_prompt
+    with tqdm(total=total, initial=total - len(pending), unit="answer", desc="regenerate",
+              disable=not state.is_main_process) as bar:
         for window_start in range(0, len(pending), window_size):
             window = []
-            for index in pending[window_start:window_start + window_size]:
+            for index, sample in pending[window_start:window_start + window_size]:
                 prompt_ids = render_prompt(tokenizer, prompts[index])
                 if len(prompt_ids) > max_prompt_tokens:
                     skipped += 1
                     bar.update(1)
                 else:
-                    window.append((index, prompt_ids))
-            window.sort(key=lambda item: len(item[1]))
-            for batch_start in range(0, len(window), batch_size):
-                batch = window[batch_start:batch_start + batch_size]
+                    window.append((index, sample, prompt_ids))
+            window.sort(key=lambda item: len(item[2]))
+            for batch_start in range(0, len(window), whole_batch):
+                mine = window[batch_start:batch_start + whole_batch][state.process_index::state.num_processes]
                 responses = _generate_batch(
                     target,
-                    [prompt_ids for _, prompt_ids in batch],
+                    [prompt_ids for _, _, prompt_ids in mine],
                     max_new_tokens=max_new_tokens,
                     stop_ids=stop_ids,
                     pad_id=pad_id,
-                )
-                for (index, prompt_ids), response_ids in zip(batch, responses):
-                    record = {"prompt_index": index, "prompt_ids": prompt_ids, "response_ids": response_ids}
-                    out.write(json.dumps(record) + "\n")
-                out.flush()
-                bar.update(len(batch))
+                    sampling=sampling,
+                ) if mine else []
+                answered = [
+                    {"prompt_index": index, **({"sample": sample, "temperature": temperature} if temperature else {}),
+                     "prompt_ids": prompt_ids, "response_ids": response_ids}
+                    for (index, sample, prompt_ids), response_ids in zip(mine, responses)
+                ]
+                if state.num_processes > 1:
+                    answered = gather_object(answered)
+                if state.is_main_process:
+                    out_path.parent.mkdir(parents=True, exist_ok=True)
+                    with out_path.open("a", encoding="utf-8") as out:
+                        out.writelines(json.dumps(record) + "\n" for record in answered)
+                written += len(answered)
+                bar.update(len(answered))
                 bar.set_postfix(skipped=skipped)
+    state.wait_for_everyone()  # every process reads the finished file next
+    return Regenerated(written, skipped, time.perf_counter() - started)

@@ -1,10 +1,16 @@
-"""Training a DSpark (or DFlash) drafter against a frozen target, on one machine.
+"""Training a DSpark (or DFlash) drafter against a frozen target, on one process or several.
 
 The target's features are computed on the fly (optionally cached per sequence on
 disk, which pays off when several epochs run on a small set). Each sequence gives
 many anchors; every anchor's block is drafted in parallel with the block attention
 mask (context before the anchor, plus the block itself), through the very same
 `DSparkDrafter.backbone` / `head_step` the inference path uses.
+
+Under `accelerate launch` (or torchrun) each process trains its share of every step's
+sequences against its own copy of the target, and the gradients are summed (see
+`processes.py`). Which sequence, and which anchors, a step trains on depend only on
+the step and the sequence's slot in the global batch, never on the process count, so
+N processes compute the same steps as one, and `--resume` may change N.
 
 Loss per draft position k, weighted by exp(-(k-1)/gamma):
     0.1 * CE(ground truth) + 0.9 * ||p_draft - p_target||_1 + 1.0 * BCE(c_k, 1 - TV)
@@ -28,6 +34,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -37,12 +44,15 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ...core.config import DSparkConfig
+from ...core.generation import attach_to_target
 from ...core.sampling import expected_accepted_length
 from ...formats.loader import DSparkDrafter
+from .processes import process_state, sum_across, sum_gradients
 
 CHECKPOINT_DIR = "checkpoint"
 STATE_FILE = "trainer_state.pt"
 LOG_FILE = "train_log.jsonl"
+TERMS = ("ce", "l1", "conf", "expected_tau")  # the loss terms `sequence_loss` reports, in log order
 
 
 @dataclasses.dataclass
@@ -60,6 +70,7 @@ class TrainSettings:
     confidence_weight: float = 1.0
     loss_vocab: str = "full"  # "full", or "responses": the loss's softmaxes run over response tokens only
     trainable: str = "all"  # "all", or "confidence": only the confidence head learns (the rest is frozen)
+    autocast: str = "auto"  # "auto": bf16 on CUDA GPUs that have it; "bf16": anywhere (CPUs with AVX512-BF16); "off"
     save_every: int = 100
     log_every: int = 10
     eval_every: int = 500
@@ -70,6 +81,8 @@ class TrainSettings:
             raise ValueError(f"TrainSettings.loss_vocab must be 'full' or 'responses', got {self.loss_vocab!r}.")
         if self.trainable not in ("all", "confidence"):
             raise ValueError(f"TrainSettings.trainable must be 'all' or 'confidence', got {self.trainable!r}.")
+        if self.autocast not in ("auto", "bf16", "off"):
+            raise ValueError(f"TrainSettings.autocast must be 'auto', 'bf16' or 'off', got {self.autocast!r}.")
 
 
 def choose_mask_token(tokenizer, vocab_size: int) -> int:
@@ -112,8 +125,6 @@ class FeatureStore:
 
     def __init__(self, target, layer_ids: list[int], directory: Optional[Path] = None):
         self.target, self.layer_ids, self.directory = target, layer_ids, directory
-        if directory is not None:
-            directory.mkdir(parents=True, exist_ok=True)
 
     def get(self, ids: torch.Tensor):
         path = None
@@ -126,10 +137,11 @@ class FeatureStore:
         device = self.target.get_input_embeddings().weight.device
         layers, final = target_features(self.target, ids[None].to(device), self.layer_ids)
         if path is not None:
-            temporary = path.with_suffix(".tmp")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_suffix(f".{os.getpid()}.tmp")  # processes may store the same sequence at once
             torch.save({"layers": [h.to(torch.bfloat16) for h in layers], "final": final.to(torch.bfloat16)}, temporary)
             os.replace(temporary, path)
-        return layers, final
+        return [h.float() for h in layers], final.float()
 
 
 def answer_vocabulary(records: list[dict], vocab_size: int, limit: Optional[int] = None) -> torch.Tensor:
@@ -256,9 +268,15 @@ def sequence_loss(drafter: DSparkDrafter, ids: torch.Tensor, features, anchors, 
     return loss, terms
 
 
-@torch.no_grad()
 def greedy_tau(drafter: DSparkDrafter, records: list[dict], store, max_tokens: int, chunk: int = 48) -> float:
-    """Tau of greedy decoding that verifies whole blocks, replayed on answers the target wrote greedily.
+    """Tau of greedy decoding that verifies whole blocks, replayed on answers the target wrote greedily."""
+    tokens, rounds = greedy_rounds(drafter, records, store, max_tokens, chunk)
+    return tokens / max(rounds, 1)
+
+
+@torch.no_grad()
+def greedy_rounds(drafter: DSparkDrafter, records: list[dict], store, max_tokens: int, chunk: int = 48):
+    """(tokens, rounds) of greedy decoding that verifies whole blocks, replayed on answers the target wrote greedily.
 
     Every answer position is drafted once as an anchor; rounds then walk the answer from
     its first token, each jumping past its accepted drafts and the target's token. Exact
@@ -289,7 +307,7 @@ def greedy_tau(drafter: DSparkDrafter, records: list[dict], store, max_tokens: i
             rounds, tokens = rounds + 1, tokens + accepted[position] + 1
             position += accepted[position] + 1
     drafter.train(was_training)
-    return tokens / max(rounds, 1)
+    return tokens, rounds
 
 
 def sequence_ids(record: dict, settings: TrainSettings) -> torch.Tensor:
@@ -306,7 +324,8 @@ def sample_anchors(prompt_length: int, length: int, count: int, generator: torch
 
 
 def sequence_order(step: int, slot: int, settings: TrainSettings, num_sequences: int) -> int:
-    """Which sequence a (step, slot) trains on: a fresh permutation each epoch, reproducible after a resume."""
+    """Which sequence a (step, global slot) trains on: a fresh permutation each epoch, the same after a resume
+    and for any process count."""
     flat = step * settings.sequences_per_step + slot
     epoch, offset = divmod(flat, num_sequences)
     generator = torch.Generator().manual_seed(settings.seed * 100003 + epoch)
@@ -338,6 +357,27 @@ def save_checkpoint(out_dir: Path, drafter, optimizer, step: int, settings: Trai
     shutil.rmtree(previous, ignore_errors=True)
 
 
+def autocast_context(device: torch.device, setting: str):
+    """bf16 autocast for the drafter's passes; the weights, the optimizer and the checkpoints stay fp32."""
+    enabled = setting == "bf16" or (setting == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported())
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+def window_means(window: dict[str, list[float]], state, device) -> dict[str, float]:
+    """Each loss term's mean over the sequences every process trained on since the last log line."""
+    totals = [[sum(window.get(name, [])), len(window.get(name, []))] for name in TERMS]
+    totals = sum_across(torch.tensor(totals, dtype=torch.float64, device=device), state).tolist()
+    return {name: total / count for name, (total, count) in zip(TERMS, totals) if count > 0}
+
+
+def announce(state, settings: TrainSettings, device: torch.device) -> None:
+    """One line at the start: the process count and the global batch, so a launch that did not go as meant shows."""
+    processes = f"{state.num_processes} process{'es' * (state.num_processes != 1)}"
+    per_process = math.ceil(settings.sequences_per_step / state.num_processes)
+    print(f"dspark train: {processes}, global batch {settings.sequences_per_step} (at most {per_process} per process, "
+          f"one sequence per pass), on {device}", file=sys.stderr, flush=True)
+
+
 def train(
     target,
     sequences: list[dict],
@@ -361,11 +401,15 @@ def train(
     backbone never saw (`TrainSettings.trainable="confidence"`). With `eval_sequences`
     (held-out greedy answers) the log records their greedy tau every `eval_every` steps.
     A config with `draft_vocab_size` trains a pruned drafter on the most frequent answer tokens.
+
+    Under `accelerate launch` every process calls this with the same arguments; only the
+    main one writes. `out_dir` is made when there is something to write in it, so a run
+    that fails first leaves nothing behind.
     """
     settings = settings or TrainSettings()
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    state = process_state(device)
+    device = torch.device(device) if device else state.device
     for param in target.parameters():
         param.requires_grad_(False)
     target.eval()
@@ -374,11 +418,11 @@ def train(
     if not records:
         raise ValueError("No training sequence has a response of at least 2 tokens.")
     checkpoint = out_dir / CHECKPOINT_DIR
-    start_step, state = 0, None
+    start_step, resumed = 0, None
     if resume and (checkpoint / STATE_FILE).is_file():
-        state = torch.load(checkpoint / STATE_FILE)
+        resumed = torch.load(checkpoint / STATE_FILE, map_location=device)
         drafter = DSparkDrafter.from_pretrained(checkpoint, target, dtype=torch.float32)
-        start_step, arch = state["step"], state["arch"]
+        start_step, arch = resumed["step"], resumed["arch"]
     elif init_from is not None:
         drafter = DSparkDrafter.from_pretrained(init_from, target, dtype=torch.float32)
         if config is not None and config.pruned and config.draft_vocab_size != drafter.config.draft_vocab_size:
@@ -412,22 +456,27 @@ def train(
     learned = [param for param in drafter.parameters() if param.requires_grad]
     eval_records = [r for r in (eval_sequences or []) if len(r["response_ids"]) >= 2]
     optimizer = torch.optim.AdamW(learned, lr=settings.learning_rate, weight_decay=settings.weight_decay)
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    if resumed is not None:
+        optimizer.load_state_dict(resumed["optimizer"])
+    autocast = autocast_context(device, settings.autocast)
+    main = state.is_main_process
+    if progress and main:
+        announce(state, settings, device)
 
     log_path = out_dir / LOG_FILE
     bar = tqdm(range(start_step, settings.max_steps), initial=start_step, total=settings.max_steps,
-               desc=f"train {arch}", disable=not progress)
+               desc=f"train {arch}", disable=not (progress and main))
     window: dict[str, list[float]] = {}
     started = time.time()
     completed = start_step
+    my_slots = range(state.process_index, settings.sequences_per_step, state.num_processes)
+    my_eval_records = eval_records[state.process_index :: state.num_processes]
     try:
         for step in bar:
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, settings)
             optimizer.zero_grad(set_to_none=True)
-            for slot in range(settings.sequences_per_step):
+            for slot in my_slots:
                 index = sequence_order(step, slot, settings, len(records))
                 record = records[index]
                 ids = sequence_ids(record, settings)
@@ -441,25 +490,33 @@ def train(
                 (loss / settings.sequences_per_step).backward()
                 for name, value in terms.items():
                     window.setdefault(name, []).append(value.item())
+            sum_gradients(learned, state)
             torch.nn.utils.clip_grad_norm_(learned, 1.0)
             optimizer.step()
             completed = step + 1
-            if window and (completed % settings.log_every == 0 or completed == settings.max_steps):
-                means = {name: sum(values) / len(values) for name, values in window.items()}
+            if completed % settings.log_every == 0 or completed == settings.max_steps:
+                means = window_means(window, state, device)
                 if eval_records and (completed % settings.eval_every == 0 or completed == settings.max_steps):
-                    means["heldout_tau"] = greedy_tau(drafter, eval_records, store, settings.max_tokens)
+                    mine = greedy_rounds(drafter, my_eval_records, store, settings.max_tokens)
+                    tokens, rounds = sum_across(torch.tensor(mine, dtype=torch.float64, device=device), state).tolist()
+                    means["heldout_tau"] = tokens / max(rounds, 1)
                 bar.set_postfix({name: f"{value:.3f}" for name, value in means.items()})
                 entry = {"step": completed, "lr": learning_rate(step, settings), "elapsed": time.time() - started, **means}
-                with log_path.open("a") as log:
-                    log.write(json.dumps(entry) + "\n")
+                if main and means:
+                    out_dir.mkdir(parents=True, exist_ok=True)
+                    with log_path.open("a") as log:
+                        log.write(json.dumps(entry) + "\n")
                 window = {}
-            if completed % settings.save_every == 0:
+            if main and completed % settings.save_every == 0:
                 save_checkpoint(out_dir, drafter, optimizer, completed, settings, arch)
     except KeyboardInterrupt:
         # Keep every finished step: --resume continues from exactly here.
-        save_checkpoint(out_dir, drafter, optimizer, completed, settings, arch)
+        if main:
+            save_checkpoint(out_dir, drafter, optimizer, completed, settings, arch)
         raise
-    save_checkpoint(out_dir, drafter, optimizer, completed, settings, arch)
     drafter.eval()
-    drafter.save_pretrained(out_dir)
+    if main:
+        save_checkpoint(out_dir, drafter, optimizer, completed, settings, arch)
+        drafter.save_pretrained(out_dir)
+    attach_to_target(target)  # as from_pretrained does: generate(assistant_model=drafter) works on what is returned
     return drafter

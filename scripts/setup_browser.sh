@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The Chromium that the demo's browser test and docs/take_demo_screenshots.py drive; the demo itself needs none,
+# so scripts/setup.sh does not install it. Prints the browser's path on stdout (progress goes to stderr):
+#   1. $DSPARK_CHROMIUM, when set: the user's choice, and the only one tried;
+#   2. one already there: Playwright's own build, or Debian's /usr/bin/chromium;
+#   3. else Playwright's download (python -m playwright install chromium), where the network allows it;
+#   4. else Debian's chromium with apt-get, when run as root (waiting for a dpkg lock held by another install).
+# Otherwise it exits 1 with one line saying why, which the browser tests show as their reason to skip.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+python="${PYTHON:-.venv/bin/python}"
+step() { echo "[setup_browser] $*" >&2; }
+fail() { echo "no Chromium for the browser tests: $*" >&2; exit 1; }
+
+if [ -n "${DSPARK_CHROMIUM:-}" ]; then
+    [ -x "$DSPARK_CHROMIUM" ] || fail "DSPARK_CHROMIUM=$DSPARK_CHROMIUM is not an executable file; unset it or fix the path."
+    echo "$DSPARK_CHROMIUM"
+    exit 0
+fi
+
+found() {
+    local playwright_build
+    playwright_build="$("$python" -c 'from playwright.sync_api import sync_playwright
+with sync_playwright() as p: print(p.chromium.executable_path)' 2>/dev/null)"
+    for candidate in "$playwright_build" /usr/bin/chromium /usr/bin/chromium-browser; do
+        if [ -n "$candidate" ] && [ -x "$candidate" ]; then
+            echo "$candidate"
+            return 0
+        fi
+    done
+    return 1
+}
+
+found && exit 0
+step "downloading Playwright's Chromium"
+timeout 600 "$python" -m playwright install chromium >&2 && found && exit 0
+if [ "$(id -u)" != 0 ]; then
+    fail "Playwright's download failed and apt-get needs root; run 'python -m playwright install chromium' where the network allows, install chromium as root, or set DSPARK_CHROMIUM=/path/to/chromium."
+fi
+command -v apt-get >/dev/null || fail "Playwright's download failed and there is no apt-get; set DSPARK_CHROMIUM=/path/to/chromium."
+step "installing Debian's chromium with apt-get"
+apt() { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 "$@" >&2; }
+apt update -qq && apt install -y -qq chromium && found && exit 0
+fail "Playwright's download and 'apt-get install chromium' both failed (see above); set DSPARK_CHROMIUM=/path/to/chromium."
