@@ -188,6 +188,13 @@ def test_regenerate_skips_prompts_over_the_length_limit(tmp_path, target_and_tok
     assert written == [index for index, length in enumerate(lengths) if length <= limit]
     assert len(written) == len(PROMPTS) - 2
 
+    # the band an earlier file skipped: only prompts of limit + 1 tokens or more, indexed as before
+    band = tmp_path / "longer.jsonl"
+    regenerate(model, tokenizer, PROMPTS, band, batch_size=4, max_new_tokens=MAX_NEW_TOKENS,
+               min_prompt_tokens=limit + 1, max_prompt_tokens=max(lengths))
+    assert sorted(record["prompt_index"] for record in load_sequences(band)) == [
+        index for index, length in enumerate(lengths) if length > limit]
+
 
 def test_load_sequences_rejects_damage_before_the_last_line(tmp_path):
     path = tmp_path / "regen.jsonl"

@@ -172,3 +172,20 @@ def test_hybrid_sampling_is_exact(scheduler, tmp_path):
     kinds = {source for source, _ in sources}
     assert kinds == {"ngram", "dspark"}, sources  # both sources were taken on some branches
     assert max(n for source, n in sources if source == "ngram") >= 2
+
+
+def test_no_draft_pass_when_even_a_whole_block_could_not_beat_the_match(tmp_path, monkeypatch):
+    """With a draft pass dearer than a long verify, n-gram rounds skip drafting; with a cheap one, they draft first."""
+    target = tiny_target("qwen3")
+    prompt = prompts(3, seed=3)[2]
+    for draft_seconds, skips in ((5.0, True), (0.0, False)):
+        drafter = drafter_with_costs(target, tmp_path / str(draft_seconds),
+                                     CostTable(draft_seconds, CHEAP_LONG.verify_seconds))
+        calls = []
+        draft = drafter.draft
+        monkeypatch.setattr(drafter, "draft", lambda *args, **kwargs: calls.append(1) or draft(*args, **kwargs))
+        target.generate(prompt, max_new_tokens=40, do_sample=False, assistant_model=drafter, dspark_ngram=True)
+        ngram_rounds = sum(r.source == "ngram" for r in drafter.last_trace)
+        dspark_rounds = sum(r.source == "dspark" for r in drafter.last_trace)
+        assert ngram_rounds > 0
+        assert len(calls) == dspark_rounds + (0 if skips else ngram_rounds)

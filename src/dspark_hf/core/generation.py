@@ -15,9 +15,12 @@ kwarg or in a GenerationConfig) wins; otherwise `drafter.generation_config` deci
   device's cost table and skips drafting when it does not pay (see scheduling.py);
   "auto", the default, profiles the device once and picks one of the two.
 * `assistant_confidence_threshold`, `num_assistant_tokens`: as in transformers.
+* `dspark_ngram`: hybrid drafting (default on): a round may propose an n-gram
+  continuation from the context instead of the DSpark block (see `_plan`).
 
 When the drafter has STS temperatures (`drafter.calibration`), both schedulers
-read calibrated confidences; the trace keeps the raw ones.
+read calibrated confidences; the records keep both. `generate(..., dspark_rounds=list)`
+collects this call's RoundRecords; `drafter.last_trace` holds the latest call's.
 """
 
 from __future__ import annotations

@@ -443,7 +443,9 @@ def format_split(row: dict) -> str:
 
 
 def markdown_row(row: dict) -> str:
-    acceptance = row["acceptance_per_position"]
+    acceptance = list(row["acceptance_per_position"] or [])
+    while acceptance and acceptance[-1] is None:  # positions no round reached (long n-gram proposals leave many)
+        acceptance.pop()
     cells = [
         row["prompt_set"],
         row["method"] + (f" ({row['scheduler']})" if row.get("scheduler") else ""),

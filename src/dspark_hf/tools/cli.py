@@ -160,6 +160,7 @@ def cmd_regenerate(args) -> None:
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,
         max_prompt_tokens=args.max_prompt_tokens,
+        min_prompt_tokens=args.min_prompt_tokens,
         temperature=args.temperature,
         samples_per_prompt=args.samples_per_prompt,
     )
@@ -272,6 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     rg.add_argument("--out", required=True, help="jsonl to append answers to; a rerun continues it")
     rg.add_argument("--max-prompts", type=positive_int, default=None, help="only the first N prompts (round-robin)")
     rg.add_argument("--max-prompt-tokens", type=positive_int, default=512, help="skip longer prompts")
+    rg.add_argument("--min-prompt-tokens", type=int, default=0,
+                    help="skip shorter prompts (answers for a band of lengths an earlier file skipped)")
     rg.add_argument("--max-new-tokens", type=positive_int, default=256, help="most tokens per answer")
     rg.add_argument("--batch-size", type=positive_int, default=32, help="prompts per generate() call, per process")
     rg.add_argument("--temperature", type=non_negative_float, default=0.0,

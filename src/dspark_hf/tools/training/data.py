@@ -163,14 +163,15 @@ def regenerate(
     batch_size: int = 16,
     max_new_tokens: int = 256,
     max_prompt_tokens: int = 512,
+    min_prompt_tokens: int = 0,
     temperature: float = 0.0,
     samples_per_prompt: int = 1,
 ) -> Regenerated:
     """Append the target's answers to every prompt to ``out_path``: greedy, or sampled at `temperature`.
 
     Resumable: answers already in ``out_path`` are skipped, so the same ``prompts``
-    list must be passed again.  Prompts longer than ``max_prompt_tokens`` tokens are
-    skipped and not written.  Under `accelerate launch` each process answers its
+    list must be passed again.  Prompts longer than ``max_prompt_tokens`` tokens, or shorter
+    than ``min_prompt_tokens`` (to add a length band to an earlier file), are skipped and not written.  Under `accelerate launch` each process answers its
     share of every batch of `batch_size` prompts and the main process writes them all.
     """
     if temperature == 0 and samples_per_prompt != 1:
@@ -205,7 +206,7 @@ def regenerate(
             window = []
             for index, sample in pending[window_start:window_start + window_size]:
                 prompt_ids = render_prompt(tokenizer, prompts[index])
-                if len(prompt_ids) > max_prompt_tokens:
+                if not min_prompt_tokens <= len(prompt_ids) <= max_prompt_tokens:
                     skipped += 1
                     bar.update(1)
                 else:
