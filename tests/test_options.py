@@ -124,6 +124,10 @@ def test_apply_threads(monkeypatch, one_thread_after):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert apply_threads(argparse.Namespace(threads=None)).startswith("OMP_NUM_THREADS")
     assert torch.get_num_threads() == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")  # no choice made: the cores busy right now decide
+    monkeypatch.setattr("dspark_hf.tools.options.busy_cores", lambda: 1.2)
+    monkeypatch.setattr("dspark_hf.tools.options.os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert "load 1.2" in apply_threads(argparse.Namespace(threads=None)) and torch.get_num_threads() == 1
 
 
 # ------------------------------------------------------------------ loading and the timed call
@@ -245,3 +249,17 @@ def test_the_qwen3_example_fails_fast_and_in_one_line_without_the_hub(tmp_path, 
     lines = finished.stderr.strip().splitlines()
     assert len(lines) == 1 and "HF_HUB_OFFLINE" in lines[0] and "--target DIR --drafter DIR" in lines[0], lines
     assert ("is unreachable" in lines[0]) != offline
+
+
+def test_busy_cores_sees_a_busy_process_now_and_nothing_on_a_quiet_machine():
+    from dspark_hf.tools.options import busy_cores
+
+    quiet = busy_cores(0.3)
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        loaded = busy_cores(0.5)
+    finally:
+        spinner.kill()
+    room = min(1.0, (os.cpu_count() or 1) - quiet)  # a machine busy already has less core left to fill
+    assert loaded - quiet > 0.6 * room  # one spinning process is about one more busy core, seen at once
