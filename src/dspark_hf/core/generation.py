@@ -206,9 +206,9 @@ class Round:
     cut: str
     started: float  # host clock, for the gate
     marks: tuple  # Stopwatch marks: round start, candidates ready
-    block: Optional[DraftBlock] = None  # the DSpark block, when one was drafted (even if the n-gram won)
-    calibrated: Optional[list[float]] = None
-    match: Optional[Match] = None
+    block: Optional[DraftBlock] = None  # DSpark rounds: the block
+    calibrated: Optional[list[float]] = None  # DSpark rounds: its confidences as the scheduler read them
+    match: Optional[Match] = None  # n-gram rounds: the proposal
 
 
 class DSparkCandidateGenerator(CandidateGenerator):
@@ -350,15 +350,13 @@ class DSparkCandidateGenerator(CandidateGenerator):
                 _, dspark_rate = best_geometric_length(alpha, costs, budget, costs.draft_seconds)
                 ngram_rate = ngram_expected / (costs.draft_seconds + costs.verify(1 + ngram_length))
                 match = match if ngram_rate > dspark_rate else None
-        common = dict(block=block, calibrated=calibrated)
-        if match is not None:
+        if match is not None:  # a DSpark block drafted to weigh c_1 is dropped
             cut = CUT_WHOLE if ngram_length == len(match.tokens) else CUT_COST
-            return dict(source="ngram", budget=ngram_budget, num_verified=ngram_length, cut=cut, match=match, **common)
+            return dict(source="ngram", budget=ngram_budget, num_verified=ngram_length, cut=cut, match=match)
         if block is not None:
             length, cut = self._dspark_length(block, calibrated, budget)
-            return dict(source="dspark", budget=budget, num_verified=length, cut=cut, **common)
-        cut = CUT_NO_DRAFT if gate_open else CUT_GATE
-        return dict(source="none", budget=budget, num_verified=0, cut=cut, **common)
+            return dict(source="dspark", budget=budget, num_verified=length, cut=cut, block=block, calibrated=calibrated)
+        return dict(source="none", budget=budget, num_verified=0, cut=CUT_NO_DRAFT if gate_open else CUT_GATE)
 
     def _calibrated(self, block: DraftBlock) -> Optional[list[float]]:
         """The confidences as the scheduler reads them (STS applied): the round's one read of the drafter's output."""
@@ -399,9 +397,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
             self.rounds_sink.append(self.trace[-1])
 
     def _record(self, plan: Round, committed_ids: torch.Tensor, num_accepted: int, end_mark) -> RoundRecord:
-        block = plan.block if plan.source != "ngram" else None
-        if plan.source == "ngram":
-            draft_ids = plan.match.tokens
+        block, match = plan.block, plan.match
+        if match is not None:
+            draft_ids = match.tokens
         else:
             draft_ids = block.draft_ids.tolist() if block is not None else []
         confidences = block.confidences.tolist() if block is not None and block.confidences is not None else []
@@ -411,7 +409,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
             source=plan.source,
             draft_ids=draft_ids,
             confidences=confidences,
-            calibrated=list(plan.calibrated or []) if block is not None else [],
+            calibrated=plan.calibrated or [],
             budget=plan.budget,
             num_verified=plan.num_verified,
             cut=plan.cut,
@@ -419,7 +417,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
             committed_ids=committed_ids.tolist(),
             draft_seconds=self.clock.seconds(start, drafted),
             verify_seconds=self.clock.seconds(drafted, end_mark),
-            match_length=plan.match.match_length if plan.match is not None and plan.source == "ngram" else 0,
+            match_length=match.match_length if match is not None else 0,
         )
 
 
