@@ -309,3 +309,17 @@ def test_bf16_autocast_is_an_option_on_cpu(tmp_path):
     for fp32, bf16 in zip(logs["off"], logs["bf16"]):
         assert fp32["ce"] != bf16["ce"]
         assert bf16["ce"] == pytest.approx(fp32["ce"], rel=0.05)
+
+
+def test_a_fresh_run_copies_the_targets_deepest_layers_unless_told_random(tmp_path):
+    target = tiny_target("qwen3", seed=5)
+    data = regenerated(target, count=2, new_tokens=8)
+    config = drafter_config(target, num_hidden_layers=1, target_layer_ids=[0, 2])
+    deepest = target.get_decoder().layers[-1].mlp.down_proj.weight
+    for init in ("target", "random"):
+        drafter = train(target, data, tmp_path / init, config=config, progress=False,
+                        settings=TrainSettings(max_steps=0, init=init, **SETTINGS))
+        copied = torch.equal(drafter.layers[0].mlp.down_proj.weight, deepest)
+        assert copied == (init == "target")
+    with pytest.raises(ValueError, match="'target' or 'random'"):
+        TrainSettings(init="zeros")

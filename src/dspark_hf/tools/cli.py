@@ -117,6 +117,7 @@ def cmd_train(args) -> None:
         loss_vocab=args.loss_vocab,
         trainable=args.trainable,
         autocast=args.autocast,
+        init=args.init,
         save_every=args.save_every,
         log_every=args.log_every,
         eval_every=args.eval_every,
@@ -253,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--device", default=None, help="unset: each process's own GPU, else the CPU")
     tr.add_argument("--resume", action="store_true", help="continue OUT/checkpoint; the process count may differ")
     tr.add_argument("--init-from", default=None, help="start from this drafter's weights (new optimizer and schedule)")
+    tr.add_argument("--init", choices=("random", "target"), default="random",
+                    help="a fresh run's draft layers: random, or copies of the target's deepest layers (slower "
+                         "to train in the README's lever study)")
     tr.add_argument(
         "--trainable",
         choices=["all", "confidence"],

@@ -71,6 +71,7 @@ class TrainSettings:
     loss_vocab: str = "full"  # "full", or "responses": the loss's softmaxes run over response tokens only
     trainable: str = "all"  # "all", or "confidence": only the confidence head learns (the rest is frozen)
     autocast: str = "auto"  # "auto": bf16 on CUDA GPUs that have it; "bf16": anywhere (CPUs with AVX512-BF16); "off"
+    init: str = "random"  # a fresh run's draft layers: random, or "target": copies of its deepest layers
     save_every: int = 100
     log_every: int = 10
     eval_every: int = 500
@@ -83,6 +84,8 @@ class TrainSettings:
             raise ValueError(f"TrainSettings.trainable must be 'all' or 'confidence', got {self.trainable!r}.")
         if self.autocast not in ("auto", "bf16", "off"):
             raise ValueError(f"TrainSettings.autocast must be 'auto', 'bf16' or 'off', got {self.autocast!r}.")
+        if self.init not in ("target", "random"):
+            raise ValueError(f"TrainSettings.init must be 'target' or 'random', got {self.init!r}.")
 
 
 def choose_mask_token(tokenizer, vocab_size: int) -> int:
@@ -97,7 +100,7 @@ def choose_mask_token(tokenizer, vocab_size: int) -> int:
 
 
 def init_from_target(drafter: DSparkDrafter, target) -> None:
-    """Start the draft layers from the target's deepest layers (same shapes): it converges much faster than random."""
+    """Start the draft layers as copies of the target's deepest layers (same shapes), for `init="target"`."""
     target_layers = target.get_decoder().layers
     for draft_layer, source in zip(drafter.layers, target_layers[-len(drafter.layers) :]):
         source_state = source.state_dict()
@@ -432,7 +435,8 @@ def train(
     else:
         torch.manual_seed(settings.seed)  # the same settings always start from the same weights
         drafter = DSparkDrafter(dataclasses.replace(config, draft_vocab_size=None), target)
-        init_from_target(drafter, target)
+        if settings.init == "target":
+            init_from_target(drafter, target)
         if config.pruned:  # FR-Spec: the most frequent answer tokens
             drafter = pruned(drafter, answer_vocabulary(records, config.vocab_size, config.draft_vocab_size))
     store = FeatureStore(target, drafter.config.target_layer_ids, Path(feature_cache) if feature_cache else None)

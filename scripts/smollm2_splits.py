@@ -1,0 +1,97 @@
+"""The SmolLM2 drafter's training mix, held-out sets and lever-study splits, from data/*.jsonl.
+
+    python scripts/smollm2_splits.py --out runs
+
+writes runs/final/{train,heldout,heldout_prompts}.jsonl (the shipped drafter's data) and
+runs/levers/{train_base,train_no_lbpp,train_half,eval_in,eval_lbpp,eval_aime}.jsonl plus
+text_prompts.txt and text_python.txt (the `--text` lever). Held out everywhere: answers with
+`prompt_index % 20 == 19`. Deterministic (fixed seeds); no dev prompt is read.
+"""
+
+import argparse
+import glob
+import itertools
+import json
+import random
+import sysconfig
+from pathlib import Path
+
+PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "prompts" / "train"
+KINDS = ("aime24", "arena-hard-v2", "gsm8k", "lbpp", "livecodebench")  # sorted: `regenerate`'s round-robin order
+
+
+def prompt_lines() -> list[tuple[str, str]]:
+    """(kind, jsonl line) per prompt index, in the order `dspark regenerate` read them."""
+    per_kind = [[(kind, line) for line in open(PROMPTS / f"{kind}.jsonl")] for kind in KINDS]
+    return [x for round_ in itertools.zip_longest(*per_kind) for x in round_ if x is not None]
+
+
+def answers(path: str, kinds: list[tuple[str, str]]) -> list[dict]:
+    records = [json.loads(line) for line in open(path)]
+    for record in records:
+        record["kind"] = kinds[record["prompt_index"]][0]
+    return records
+
+
+def write(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for record in records:
+            out.write(json.dumps(record) + "\n")
+    print(path, len(records), {kind: sum(r["kind"] == kind for r in records) for kind in KINDS})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="runs")
+    out = Path(parser.parse_args().out)
+    kinds = prompt_lines()
+    short = answers("data/smollm2_answers.jsonl", kinds)
+    long_ = answers("data/smollm2_answers_long_bf16.jsonl", kinds)
+    train = [r for r in short + long_ if r["prompt_index"] % 20 != 19]
+    held = [r for r in short + long_ if r["prompt_index"] % 20 == 19]
+
+    # The shipped drafter: chat and code listed twice, so chat, code and math weigh about the same.
+    write(out / "final/train.jsonl", train + [r for r in train if r["kind"] in ("arena-hard-v2", "lbpp", "livecodebench")])
+    write(out / "final/heldout.jsonl", held)
+    (out / "final/heldout_prompts.jsonl").write_text("".join(kinds[i][1] for i in sorted(r["prompt_index"] for r in held)))
+
+    # Lever study: 150 short-prompt answers each of gsm8k, arena-hard and livecodebench, 100 of lbpp; aime never.
+    rng = random.Random(0)
+    short_train = [r for r in short if r["prompt_index"] % 20 != 19]
+    pick = lambda kind, n: rng.sample([r for r in short_train if r["kind"] == kind], n)  # noqa: E731
+    base = pick("gsm8k", 150) + pick("arena-hard-v2", 150) + pick("livecodebench", 150)
+    lbpp = pick("lbpp", 100)
+    in_base = {r["prompt_index"] for r in base}
+    extra = [r for r in pick("gsm8k", 34) + pick("arena-hard-v2", 33) + pick("livecodebench", 33)
+             if r["prompt_index"] not in in_base]  # about the same size without lbpp
+    write(out / "levers/train_base.jsonl", base + lbpp)
+    write(out / "levers/train_no_lbpp.jsonl", base + extra)
+    write(out / "levers/train_half.jsonl", (base + lbpp)[::2])
+    eval_in = [r for r in short if r["prompt_index"] % 20 == 19 and r["kind"] != "lbpp"]
+    in_lbpp = {r["prompt_index"] for r in lbpp}
+    eval_lbpp = [r for r in short if r["kind"] == "lbpp" and r["prompt_index"] not in in_lbpp][:50]
+    eval_aime = [r for r in short if r["kind"] == "aime24"]
+    for name, records in (("eval_in", eval_in), ("eval_lbpp", eval_lbpp), ("eval_aime", eval_aime)):
+        write(out / f"levers/{name}.jsonl", records)
+
+    # The --text lever: training prompts (none held out, evaluated or aime) and Python standard-library source.
+    excluded = {r["prompt_index"] for r in eval_in + eval_lbpp + eval_aime}
+    texts = [json.loads(line)["turns"][0] for i, (kind, line) in enumerate(kinds)
+             if i % 20 != 19 and i not in excluded and kind != "aime24"]
+    random.Random(0).shuffle(texts)
+    sources = sorted(glob.glob(sysconfig.get_paths()["stdlib"] + "/*.py"))
+    random.Random(1).shuffle(sources)
+    for name, pieces, limit in (("text_prompts.txt", texts, 600_000),
+                                ("text_python.txt", (open(p, errors="replace").read() for p in sources), 420_000)):
+        kept, size = [], 0
+        for piece in pieces:
+            if size > limit:
+                break
+            kept.append(piece)
+            size += len(piece)
+        (out / "levers" / name).write_text("\n\n".join(kept))
+
+
+if __name__ == "__main__":
+    main()
