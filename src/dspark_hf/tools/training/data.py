@@ -171,8 +171,9 @@ def regenerate(
 
     Resumable: answers already in ``out_path`` are skipped, so the same ``prompts``
     list must be passed again.  Prompts longer than ``max_prompt_tokens`` tokens, or shorter
-    than ``min_prompt_tokens`` (to add a length band to an earlier file), are skipped and not written.  Under `accelerate launch` each process answers its
-    share of every batch of `batch_size` prompts and the main process writes them all.
+    than ``min_prompt_tokens`` (to add a length band to an earlier file), are skipped and not
+    written.  Under `accelerate launch` each process answers its share of every batch of
+    `batch_size` prompts and the main process writes them all.
     """
     if temperature == 0 and samples_per_prompt != 1:
         raise InputError(f"{samples_per_prompt} greedy answers per prompt would all be the same; "
