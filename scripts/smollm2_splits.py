@@ -16,6 +16,8 @@ import random
 import sysconfig
 from pathlib import Path
 
+from dspark_hf.tools.training.data import read_jsonl
+
 PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "prompts" / "train"
 KINDS = ("aime24", "arena-hard-v2", "gsm8k", "lbpp", "livecodebench")  # sorted: `regenerate`'s round-robin order
 
@@ -27,7 +29,7 @@ def prompt_lines() -> list[tuple[str, str]]:
 
 
 def answers(path: str, kinds: list[tuple[str, str]]) -> list[dict]:
-    records = [json.loads(line) for line in open(path)]
+    records = read_jsonl(Path(path))
     for record in records:
         record["kind"] = kinds[record["prompt_index"]][0]
     return records
@@ -46,8 +48,8 @@ def main() -> None:
     parser.add_argument("--out", default="runs")
     out = Path(parser.parse_args().out)
     kinds = prompt_lines()
-    short = answers("data/smollm2_answers.jsonl", kinds)
-    long_ = answers("data/smollm2_answers_long_bf16.jsonl", kinds)
+    short = answers("data/smollm2_answers.jsonl.gz", kinds)
+    long_ = answers("data/smollm2_answers_long_bf16.jsonl.gz", kinds)
     train = [r for r in short + long_ if r["prompt_index"] % 20 != 19]
     held = [r for r in short + long_ if r["prompt_index"] % 20 == 19]
 
