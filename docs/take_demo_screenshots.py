@@ -4,7 +4,7 @@
     python docs/take_demo_screenshots.py --target DIR --drafter DIR --dtype float32 --out /tmp/shots
 
 Serves the demo on a free 127.0.0.1 port, as `dspark demo` would, and saves:
-  demo.png            the page's defaults: a 128-token greedy answer to the baker prompt
+  demo.png            the page's defaults: a greedy answer to the default prompt (the README's)
   demo-rounds.png     the same answer with the rounds table open
   demo-threshold.png  the threshold scheduler at 0.5
   demo-sampling.png   temperature 1

@@ -15,7 +15,9 @@ from huggingface_hub import constants
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dspark_hf import CheckpointError, DSparkDrafter, summarize
+from dspark_hf.core.costs import profile_costs
 from dspark_hf.tools.exactness import find_divergence
+from dspark_hf.tools.targets import check_local_path
 
 LOCAL = "pass local directories: --target DIR --drafter DIR"
 
@@ -38,6 +40,11 @@ parser.add_argument("--prompt", default="Natalia sold clips to 48 of her friends
 parser.add_argument("--max-new-tokens", type=int, default=256)
 args = parser.parse_args()
 
+try:  # a path that does not exist is named as such, not looked up on the Hub
+    check_local_path(args.target, "--target")
+    check_local_path(args.drafter, "--drafter")
+except CheckpointError as error:
+    sys.exit(str(error))
 remote = [name for name in (args.target, args.drafter) if not os.path.isdir(name)]
 if remote and not constants.HF_HUB_OFFLINE and not hub_reachable():
     sys.exit(f"{constants.ENDPOINT} is unreachable and {' and '.join(remote)} not local: set HF_HUB_OFFLINE=1 to "
@@ -55,6 +62,7 @@ inputs = tokenizer.apply_chat_template(
     messages, add_generation_prompt=True, enable_thinking=False, return_tensors="pt", return_dict=True
 ).to(target.device)
 
+profile_costs(drafter)  # the scheduler's one-off timing of this machine, kept out of the comparison below
 start = time.perf_counter()
 plain = target.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False)
 plain_seconds = time.perf_counter() - start

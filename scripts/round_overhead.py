@@ -61,7 +61,7 @@ def measure(target, drafter, **sampling) -> tuple[float, float]:
     try:
         per_round = []
         for seed in range(6):
-            prompt = torch.randint(0, VOCAB - 1, (1, 64), generator=torch.Generator().manual_seed(seed))
+            prompt = torch.randint(0, VOCAB - 1, (1, 64), generator=torch.Generator().manual_seed(seed)).to(target.device)
             spent["glue"].clear(), spent["draft"].clear()
             target.generate(prompt, max_new_tokens=ROUNDS_PER_CALL, assistant_model=drafter,
                             dspark_scheduler="threshold", assistant_confidence_threshold=0.0, **sampling)

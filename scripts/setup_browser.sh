@@ -32,13 +32,18 @@ with sync_playwright() as p: print(p.chromium.executable_path)' 2>/dev/null)"
 }
 
 found && exit 0
-step "downloading Playwright's Chromium"
-timeout 600 "$python" -m playwright install chromium >&2 && found && exit 0
+# The installers' own output (Node stack traces on every retry offline, apt's unpacking) goes to a log;
+# the terminal gets one line per step and, on failure, the first error line.
+log="$(mktemp "${TMPDIR:-/tmp}/dspark-setup-browser.XXXXXX")"
+first_error() { grep -m1 -iE "^(error|e):" "$log" || tail -n1 "$log"; }
+step "downloading Playwright's Chromium (log: $log)"
+timeout 600 "$python" -m playwright install chromium >"$log" 2>&1 && found && exit 0
+step "Playwright's download failed: $(first_error)"
 if [ "$(id -u)" != 0 ]; then
     fail "Playwright's download failed and apt-get needs root; run 'python -m playwright install chromium' where the network allows, install chromium as root, or set DSPARK_CHROMIUM=/path/to/chromium."
 fi
 command -v apt-get >/dev/null || fail "Playwright's download failed and there is no apt-get; set DSPARK_CHROMIUM=/path/to/chromium."
-step "installing Debian's chromium with apt-get"
-apt() { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 "$@" >&2; }
+step "installing Debian's chromium with apt-get (log: $log)"
+apt() { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 "$@" >>"$log" 2>&1; }
 apt update -qq && apt install -y -qq chromium && found && exit 0
-fail "Playwright's download and 'apt-get install chromium' both failed (see above); set DSPARK_CHROMIUM=/path/to/chromium."
+fail "Playwright's download and 'apt-get install chromium' both failed (log: $log); set DSPARK_CHROMIUM=/path/to/chromium."

@@ -3,10 +3,12 @@
     OMP_NUM_THREADS=1 python scripts/verify_costs.py; OMP_NUM_THREADS=2 python scripts/verify_costs.py
 
 Prints the median of 5 timed forwards after 2 warm-ups, in ms, for n = 1, 2, 4, 8, 16, 32.
+scripts/gpu_check.py times T_verify(1..16) on a GPU with `verify_milliseconds`.
 """
 
 from __future__ import annotations
 
+import inspect
 import statistics
 import time
 
@@ -17,19 +19,34 @@ from dspark_hf.tools.targets import load_smollm2
 CONTEXT, LENGTHS = 256, (1, 2, 4, 8, 16, 32)
 
 
+def cache_argument(model) -> str:
+    """The forward's cache argument: `cache` since transformers 5.2x, `past_key_values` before (GPU machines may lag)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so that the host clock measures it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @torch.no_grad()
-def verify_milliseconds(target) -> dict[int, float]:
-    ids = torch.randint(0, target.config.vocab_size, (1, CONTEXT + max(LENGTHS)), generator=torch.Generator().manual_seed(0))
-    cache = target(ids[:, :CONTEXT], use_cache=True).cache
+def verify_milliseconds(target, lengths=LENGTHS, runs: int = 7) -> dict[int, float]:
+    device = target.get_input_embeddings().weight.device
+    ids = torch.randint(0, target.config.vocab_size, (1, CONTEXT + max(lengths)), generator=torch.Generator().manual_seed(0))
+    ids, name = ids.to(device), cache_argument(target)
+    cache = getattr(target(ids[:, :CONTEXT], use_cache=True), name)
     times = {}
-    for n in LENGTHS:
-        runs = []
-        for _ in range(7):
+    for n in lengths:
+        spent = []
+        for _ in range(runs):
+            synchronize(device)
             started = time.perf_counter()
-            target(ids[:, CONTEXT : CONTEXT + n], cache=cache)
-            runs.append(time.perf_counter() - started)
+            target(ids[:, CONTEXT : CONTEXT + n], **{name: cache})
+            synchronize(device)
+            spent.append(time.perf_counter() - started)
             cache.crop(-n)
-        times[n] = statistics.median(runs[2:]) * 1000
+        times[n] = statistics.median(spent[2:]) * 1000
     return times
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,10 @@ from dspark_hf import DSparkConfig, DSparkDrafter
 
 VOCAB = 24
 
-# Tiny models gain nothing from intra-op threads, and spinning threads thrash a shared 2-core machine.
+# Tiny models gain nothing from intra-op threads, and spinning threads thrash a shared 2-core machine. The
+# environment variable carries the choice to `load_default` and to the commands the tests run in subprocesses.
 torch.set_num_threads(1)
+os.environ["OMP_NUM_THREADS"] = "1"
 MASK_ID = VOCAB - 1
 
 
@@ -124,8 +128,29 @@ def llama_target():
     return tiny_target("llama")
 
 
+_BIGRAMS: dict[tuple, torch.Tensor] = {}
+
+
+def weights_fingerprint(model) -> str:
+    """A digest of the model's class, config and every weight: equal only for models that compute alike."""
+    digest = hashlib.sha256(f"{type(model).__name__} {model.config.to_json_string()}".encode())
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 def greedy_bigrams(target, vocab: int = VOCAB, prompts: int = 24, length: int = 40) -> torch.Tensor:
-    """The target's most frequent greedy successor of each token, from its own generations."""
+    """The target's most frequent greedy successor of each token, from its own generations.
+
+    Computed once per set of weights (2 s of CPU each): dozens of tests build a bigram drafter for the same
+    deterministic tiny target."""
+    key = (weights_fingerprint(target), vocab, prompts, length)
+    if key not in _BIGRAMS:
+        _BIGRAMS[key] = _greedy_bigrams(target, vocab, prompts, length)
+    return _BIGRAMS[key]
+
+
+def _greedy_bigrams(target, vocab: int, prompts: int, length: int) -> torch.Tensor:
     counts = torch.zeros(vocab, vocab)
     generator = torch.Generator().manual_seed(1234)
     for i in range(prompts):

@@ -74,6 +74,15 @@ def test_conditional_acceptance_per_position():
     assert len(acceptance) == 5
 
 
+def test_acceptance_stops_at_the_deepest_position_sent():
+    """A 32-token n-gram proposal of which 3 tokens were sent adds no positions that no round sent."""
+    ngram = RoundRecord(position=10, source="ngram", draft_ids=list(range(32)), confidences=[], calibrated=[],
+                        budget=32, num_verified=3, cut="cost", num_accepted=3, committed_ids=[0, 1, 2, 20],
+                        draft_seconds=0.0, verify_seconds=0.5, match_length=2)
+    acceptance = trace_metrics([[ngram, round_record(2, 1, 0.1, 0.5)]])["acceptance_per_position"]
+    assert acceptance == pytest.approx([1.0, 0.5, 1.0])
+
+
 def test_verify_rate_is_accepted_over_verified_drafts():
     # accepted 1+3+2+0+4 = 10 of 5+4+2+5+4 = 20 verified
     assert trace_metrics([PROMPT_A, PROMPT_B])["verify_rate"] == pytest.approx(0.5)
@@ -259,9 +268,11 @@ def test_end_to_end_sampling_reports_the_mode_and_says_what_it_warms_up(bench_se
 @pytest.mark.parametrize(
     "words, message",
     [
-        (["bench", "--prompts", "p.jsonl", "--threshold", "2"], "argument --threshold: 2 is not in [0, 1]"),
-        (["generate", "--prompt", "hi", "--threshold", "-0.5"], "argument --threshold: -0.5 is not in [0, 1]"),
-        (["demo", "--port", "99999999"], "argument --port: 99999999 is not a TCP port (1-65535)"),
+        (["bench", "--prompts", "p.jsonl", "--threshold", "2"], "dspark bench: error: --threshold must be a number in "
+                                                                "[0, 1], got 2"),
+        (["generate", "--prompt", "hi", "--threshold", "-0.5"], "dspark generate: error: --threshold must be a number "
+                                                                "in [0, 1], got -0.5"),
+        (["demo", "--port", "99999999"], "dspark demo: error: --port must be a TCP port (1-65535), got 99999999"),
     ],
 )
 def test_out_of_range_options_are_one_line_errors(words, message, capsys):
@@ -270,7 +281,7 @@ def test_out_of_range_options_are_one_line_errors(words, message, capsys):
     with pytest.raises(SystemExit) as exited:
         build_parser().parse_args(words)
     assert exited.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
+    assert capsys.readouterr().err == message + "\n"
 
 
 def test_a_method_threshold_out_of_range_is_refused():

@@ -11,7 +11,8 @@ import torch
 
 from conftest import tiny_target, write_bigram_deepspec
 from dspark_hf import CheckpointError, DSparkDrafter, RoundRecord
-from dspark_hf.core import calibration as sts
+from dspark_hf.core.calibration import CALIBRATION_FILE, Calibration, apply_temperatures
+from dspark_hf.tools import sts
 from dspark_hf.tools import calibrate as calibrate_command
 from test_generation import prompts
 
@@ -41,12 +42,12 @@ def test_auc_is_the_rank_statistic():
 
 def test_temperatures_keep_the_order_within_a_position():
     c = torch.tensor([[0.2, 0.9, 0.5], [0.7, 0.3, 0.99]])
-    torch.testing.assert_close(sts.apply_temperatures(c, [1.0, 1.0, 1.0]), c)
-    scaled = sts.apply_temperatures(c, [2.0, 0.5])  # the third position has no temperature: unchanged
+    torch.testing.assert_close(apply_temperatures(c, [1.0, 1.0, 1.0]), c)
+    scaled = apply_temperatures(c, [2.0, 0.5])  # the third position has no temperature: unchanged
     assert scaled[0, 0] == pytest.approx(torch.sigmoid(torch.logit(torch.tensor(0.2)) / 2).item())
     assert torch.equal(scaled[:, 2], c[:, 2])
     assert torch.equal(scaled.argsort(dim=0), c.argsort(dim=0))
-    assert sts.apply_temperatures(torch.tensor([0.0, 1.0]), [3.0, 3.0]).tolist() == [0.0, 1.0]
+    assert apply_temperatures(torch.tensor([0.0, 1.0]), [3.0, 3.0]).tolist() == [0.0, 1.0]
 
 
 # ---------------------------------------------------------- synthetic fit
@@ -109,7 +110,7 @@ def test_calibration_file_is_loaded_and_used_by_the_scheduler(tmp_path):
     target = tiny_target("qwen3")
     path = write_bigram_deepspec(target, tmp_path / "d", block_size=5)
     assert DSparkDrafter.from_pretrained(path, target).calibration is None
-    sts.Calibration([50.0] * 5).save(path / sts.CALIBRATION_FILE)  # every calibrated confidence is about 0.5
+    Calibration([50.0] * 5).save(path / CALIBRATION_FILE)  # every calibrated confidence is about 0.5
     drafter = DSparkDrafter.from_pretrained(path, target)
     assert drafter.calibration.temperatures == [50.0] * 5
     target.generate(prompts(1)[0], max_new_tokens=20, do_sample=False, assistant_model=drafter,
@@ -124,10 +125,10 @@ def test_a_bad_calibration_file_is_refused(temperatures, tmp_path):
     target = tiny_target("qwen3")
     path = write_bigram_deepspec(target, tmp_path / "d", block_size=5)
     if temperatures is None:
-        (path / sts.CALIBRATION_FILE).write_text("{not json")
+        (path / CALIBRATION_FILE).write_text("{not json")
     else:
-        sts.Calibration(temperatures).save(path / sts.CALIBRATION_FILE)
-    with pytest.raises(CheckpointError, match=sts.CALIBRATION_FILE):
+        Calibration(temperatures).save(path / CALIBRATION_FILE)
+    with pytest.raises(CheckpointError, match=CALIBRATION_FILE):
         DSparkDrafter.from_pretrained(path, target)
 
 
@@ -159,7 +160,7 @@ def test_calibrate_command_writes_json_table_and_diagram(tmp_path, monkeypatch, 
     )
     args.func(args)
 
-    result = json.loads((path / sts.CALIBRATION_FILE).read_text())
+    result = json.loads((path / CALIBRATION_FILE).read_text())
     assert len(result["temperatures"]) == 5 and result["num_rounds"] > 10
     assert result["rounds_per_position"][0] == result["num_rounds"]  # whole blocks verified
     assert result["source"]["num_prompts"] == 4

@@ -1,5 +1,7 @@
 """Tests for dspark_hf.tools.training.data with a tiny random Llama and a word-level tokenizer."""
 
+import functools
+import gzip
 import json
 
 import pytest
@@ -9,7 +11,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from dspark_hf.tools.cli import main
 from dspark_hf.tools.prompts import read_prompts, render_prompt
-from dspark_hf.tools.training.data import load_sequences, regenerate, tokenize_texts
+from dspark_hf.tools.training.data import load_sequences, tokenize_texts
+from dspark_hf.tools.training.regenerate import regenerate
+from dspark_hf.tools.training.synthesize import PromptFilter, synthesize, user_header
 
 WORDS = ["<pad>", "<unk>", "user", "bot", "nothink"] + [f"w{i}" for i in range(27)]
 CHAT_TEMPLATE = (
@@ -127,75 +131,6 @@ def test_tokenize_texts_cuts_texts_into_response_chunks():
     assert [r["prompt_index"] for r in records] == [0, 1, 2] and all(r["prompt_ids"] == [] for r in records)
 
 
-def test_regenerate_matches_unbatched_greedy_up_to_eos(tmp_path, target_and_tokenizer):
-    model, tokenizer = target_and_tokenizer
-    out_path = tmp_path / "regen.jsonl"
-
-    regenerate(model, tokenizer, PROMPTS, out_path, batch_size=3, max_new_tokens=MAX_NEW_TOKENS)
-
-    records = {record["prompt_index"]: record for record in load_sequences(out_path)}
-    assert sorted(records) == list(range(len(PROMPTS)))
-    eos = tokenizer.eos_token_id
-    stopped_early = 0
-    for index, prompt in enumerate(PROMPTS):
-        prompt_ids = render_prompt(tokenizer, prompt)
-        assert records[index]["prompt_ids"] == prompt_ids
-        response = records[index]["response_ids"]
-        assert response == greedy_alone(model, prompt_ids)
-        assert eos not in response[:-1]
-        stopped_early += response[-1] == eos and len(response) < MAX_NEW_TOKENS
-    assert 0 < stopped_early < len(PROMPTS)  # both stopping and non-stopping responses were checked
-
-
-def test_regenerate_resumes_after_kill_mid_write(tmp_path, target_and_tokenizer, monkeypatch):
-    model, tokenizer = target_and_tokenizer
-    complete_path = tmp_path / "complete.jsonl"
-    regenerate(model, tokenizer, PROMPTS, complete_path, batch_size=3, max_new_tokens=MAX_NEW_TOKENS)
-    complete_lines = complete_path.read_text().splitlines(keepends=True)
-
-    # A run killed after four records, in the middle of writing the fifth.
-    resumed_path = tmp_path / "resumed.jsonl"
-    resumed_path.write_text("".join(complete_lines[:4]) + complete_lines[4][:15])
-    assert len(load_sequences(resumed_path)) == 4
-
-    generated_rows = []
-    original_generate = model.generate
-
-    def counting_generate(*args, **kwargs):
-        generated_rows.append(kwargs["input_ids"].shape[0])
-        return original_generate(*args, **kwargs)
-
-    monkeypatch.setattr(model, "generate", counting_generate)
-    regenerate(model, tokenizer, PROMPTS, resumed_path, batch_size=3, max_new_tokens=MAX_NEW_TOKENS)
-
-    assert sum(generated_rows) == len(PROMPTS) - 4
-    lines = resumed_path.read_text().splitlines()
-    resumed = sorted((json.loads(line) for line in lines), key=lambda record: record["prompt_index"])
-    complete = sorted(load_sequences(complete_path), key=lambda record: record["prompt_index"])
-    assert resumed == complete
-
-
-def test_regenerate_skips_prompts_over_the_length_limit(tmp_path, target_and_tokenizer):
-    model, tokenizer = target_and_tokenizer
-    lengths = [len(render_prompt(tokenizer, prompt)) for prompt in PROMPTS]
-    limit = sorted(lengths)[-3]  # the two longest prompts exceed it
-    out_path = tmp_path / "regen.jsonl"
-
-    regenerate(model, tokenizer, PROMPTS, out_path, batch_size=4, max_new_tokens=MAX_NEW_TOKENS,
-               max_prompt_tokens=limit)
-
-    written = sorted(record["prompt_index"] for record in load_sequences(out_path))
-    assert written == [index for index, length in enumerate(lengths) if length <= limit]
-    assert len(written) == len(PROMPTS) - 2
-
-    # the band an earlier file skipped: only prompts of limit + 1 tokens or more, indexed as before
-    band = tmp_path / "longer.jsonl"
-    regenerate(model, tokenizer, PROMPTS, band, batch_size=4, max_new_tokens=MAX_NEW_TOKENS,
-               min_prompt_tokens=limit + 1, max_prompt_tokens=max(lengths))
-    assert sorted(record["prompt_index"] for record in load_sequences(band)) == [
-        index for index, length in enumerate(lengths) if length > limit]
-
-
 def test_load_sequences_rejects_damage_before_the_last_line(tmp_path):
     path = tmp_path / "regen.jsonl"
     record = {"prompt_index": 0, "prompt_ids": [1], "response_ids": [2]}
@@ -205,30 +140,100 @@ def test_load_sequences_rejects_damage_before_the_last_line(tmp_path):
         load_sequences(path)
 
 
-def test_regenerate_samples_several_answers_per_prompt_and_resumes(tmp_path, target_and_tokenizer):
+# ------------------------------------------------------------------ regenerate: shards of the target's answers
+def answers_in(folder):
+    return {(r["prompt_index"], r.get("sample", 0)): r for r in load_sequences(folder)}
+
+
+def count_rows(monkeypatch, model):
+    """Rows of every forward pass after the prefill, per regenerate batch."""
+    rows = []
+    original = model.forward
+
+    @functools.wraps(original)  # keeps the signature, which says how the cache is passed
+    def counting(*args, **kwargs):
+        rows.append((kwargs["input_ids"].shape[1] > 1, kwargs["input_ids"].shape[0]))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counting)
+    return rows
+
+
+def test_regenerate_matches_unbatched_greedy_and_drops_finished_rows(tmp_path, target_and_tokenizer, monkeypatch):
     model, tokenizer = target_and_tokenizer
-    out_path = tmp_path / "sampled.jsonl"
+    rows = count_rows(monkeypatch, model)
+
+    done = regenerate(model, tokenizer, PROMPTS, tmp_path / "out", batch_size=4, shard_size=3,
+                      max_new_tokens=MAX_NEW_TOKENS)
+
+    decode_rows = sum(count for prefill, count in rows if not prefill)
+    records = answers_in(tmp_path / "out")
+    assert done.answers == len(records) == len(PROMPTS)
+    eos, stopped_early = tokenizer.eos_token_id, 0
+    for index, prompt in enumerate(PROMPTS):
+        prompt_ids = render_prompt(tokenizer, prompt)
+        response = records[(index, 0)]["response_ids"]
+        assert records[(index, 0)]["prompt_ids"] == prompt_ids
+        assert response == greedy_alone(model, prompt_ids)
+        stopped_early += response[-1] == eos and len(response) < MAX_NEW_TOKENS
+    assert 0 < stopped_early < len(PROMPTS)  # both stopping and non-stopping answers were checked
+    # a finished row leaves the batch: after the prefill, one row per answer token still to come
+    assert decode_rows == sum(len(r["response_ids"]) - 1 for r in records.values())
+    # shards 0 and 1 hold prompts 0-2 and 3-5, compressed; the tail (6-7) waits for a third prompt
+    names = sorted(path.name for path in (tmp_path / "out").iterdir())
+    assert names == ["recipe.json", "shard-00000.jsonl.gz", "shard-00001.jsonl.gz", "shard-00002.partial.jsonl"]
+
+
+def test_regenerate_rewrites_one_shard_and_resumes_after_a_kill(tmp_path, target_and_tokenizer, monkeypatch):
+    model, tokenizer = target_and_tokenizer
+    out = tmp_path / "out"
+    regenerate(model, tokenizer, PROMPTS, out, batch_size=2, shard_size=4, max_new_tokens=MAX_NEW_TOKENS)
+    complete = answers_in(out)
+    first_shard = (out / "shard-00001.jsonl.gz").read_bytes()
+
+    # shard 1 killed after one answer and in the middle of writing the second
+    lines = gzip.decompress(first_shard).decode().splitlines(keepends=True)
+    (out / "shard-00001.jsonl.gz").unlink()
+    (out / "shard-00001.partial.jsonl").write_text(lines[0] + lines[1][:15])
+    rows = count_rows(monkeypatch, model)
+    again = regenerate(model, tokenizer, PROMPTS, out, batch_size=2, shard_size=4, shards=[1],
+                       max_new_tokens=MAX_NEW_TOKENS)
+
+    assert again.answers == 3 and sum(count for prefill, count in rows if prefill) == 3
+    assert (out / "shard-00001.jsonl.gz").read_bytes() == first_shard
+    assert answers_in(out) == complete
+
+
+def test_regenerate_skips_prompts_outside_the_length_band(tmp_path, target_and_tokenizer):
+    model, tokenizer = target_and_tokenizer
+    lengths = [len(render_prompt(tokenizer, prompt)) for prompt in PROMPTS]
+    limit = sorted(lengths)[-3]  # the two longest prompts exceed it
+
+    done = regenerate(model, tokenizer, PROMPTS, tmp_path / "short", batch_size=4, max_new_tokens=MAX_NEW_TOKENS,
+                      max_prompt_tokens=limit)
+    assert done.skipped == 2
+    assert sorted(i for i, _ in answers_in(tmp_path / "short")) == [i for i, n in enumerate(lengths) if n <= limit]
+
+    regenerate(model, tokenizer, PROMPTS, tmp_path / "long", batch_size=4, max_new_tokens=MAX_NEW_TOKENS,
+               min_prompt_tokens=limit + 1, max_prompt_tokens=max(lengths))
+    assert sorted(i for i, _ in answers_in(tmp_path / "long")) == [i for i, n in enumerate(lengths) if n > limit]
+
+
+def test_regenerate_samples_several_answers_and_refuses_another_recipe(tmp_path, target_and_tokenizer):
+    model, tokenizer = target_and_tokenizer
+    out = tmp_path / "sampled"
     torch.manual_seed(0)
-    done = regenerate(model, tokenizer, PROMPTS, out_path, batch_size=3, max_new_tokens=MAX_NEW_TOKENS,
+    done = regenerate(model, tokenizer, PROMPTS, out, batch_size=3, max_new_tokens=MAX_NEW_TOKENS,
                       temperature=1.5, samples_per_prompt=2)
 
-    records = load_sequences(out_path)
+    records = answers_in(out)
     assert done.answers == len(records) == 2 * len(PROMPTS)
-    keys = sorted((r["prompt_index"], r["sample"]) for r in records)
-    assert keys == [(index, sample) for index in range(len(PROMPTS)) for sample in (0, 1)]
-    assert all(r["temperature"] == 1.5 for r in records)
-    by_prompt = {}
-    for record in records:
-        by_prompt.setdefault(record["prompt_index"], []).append(record["response_ids"])
-    assert any(first != second for first, second in by_prompt.values())  # sampled, not greedy twice
-    again = regenerate(model, tokenizer, PROMPTS, out_path, batch_size=3, max_new_tokens=MAX_NEW_TOKENS,
-                       temperature=1.5, samples_per_prompt=2)
-    assert again.answers == 0 and len(load_sequences(out_path)) == 2 * len(PROMPTS)
-
-    with pytest.raises(ValueError, match=rf"{out_path} holds answers at temperature 1.5, not 0"):
-        regenerate(model, tokenizer, PROMPTS, out_path, max_new_tokens=MAX_NEW_TOKENS)
+    assert sorted(records) == [(index, sample) for index in range(len(PROMPTS)) for sample in (0, 1)]
+    assert any(records[(i, 0)]["response_ids"] != records[(i, 1)]["response_ids"] for i in range(len(PROMPTS)))
+    with pytest.raises(ValueError, match=r"temperature: 1.5 there, 0.0 now"):
+        regenerate(model, tokenizer, PROMPTS, out, max_new_tokens=MAX_NEW_TOKENS)
     with pytest.raises(ValueError, match="give a temperature above 0"):
-        regenerate(model, tokenizer, PROMPTS, tmp_path / "greedy.jsonl", samples_per_prompt=2)
+        regenerate(model, tokenizer, PROMPTS, tmp_path / "greedy", samples_per_prompt=2)
 
 
 def test_regenerate_command_writes_what_the_function_writes_and_reports_answers_per_hour(
@@ -238,13 +243,43 @@ def test_regenerate_command_writes_what_the_function_writes_and_reports_answers_
     model.save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
     write_jsonl(tmp_path / "prompts.jsonl", [{"turns": [prompt]} for prompt in PROMPTS])
-    out_path = tmp_path / "answers.jsonl"
 
     main(["regenerate", "--target", str(tmp_path / "target"), "--prompts", str(tmp_path / "prompts.jsonl"),
-          "--out", str(out_path), "--batch-size", "3", "--max-new-tokens", str(MAX_NEW_TOKENS), "--dtype", "float32",
-          "--threads", "1"])
+          "--out", str(tmp_path / "answers"), "--batch-size", "3", "--shard-size", "4",
+          "--max-new-tokens", str(MAX_NEW_TOKENS), "--dtype", "float32", "--threads", "1"])
 
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["answers"] == len(PROMPTS) and report["skipped"] == 0 and report["answers_per_hour"] > 0
-    for record in load_sequences(out_path):
+    for record in load_sequences(tmp_path / "answers"):
         assert record["response_ids"] == greedy_alone(model, render_prompt(tokenizer, PROMPTS[record["prompt_index"]]))
+
+
+# ------------------------------------------------------------------ synthesize: prompts the target writes
+def test_prompt_filter_says_why_a_prompt_is_dropped():
+    dev = ["Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."]
+    keep = PromptFilter(dev, kept=["What is the capital of France?"])
+    assert keep.reason("How do I reverse a list in Python without copying it?", complete=True) == ""
+    assert keep.reason("How do I reverse a list in Python without copying it?", complete=True) == "duplicate"
+    assert keep.reason("what is the capital of   France", complete=True) == "duplicate"
+    assert keep.reason("Write a poem about the sea and the sky at night", complete=False) == "unfinished"
+    assert keep.reason("Hi there", complete=True) == "length"
+    assert keep.reason("Écrivez une fonction qui trie une liste de nombres réels données", complete=True) == "language"
+    assert keep.reason("I'm sorry, but as an AI I cannot help you with the request.", complete=True) == "refusal"
+    assert keep.reason("the cat the cat the cat the cat the cat the cat the cat the cat", complete=True) == "loop"
+    assert keep.reason("Natalia sold clips to 48 of her friends in April. How many in all?", complete=True) == "near-dev"
+
+
+def test_synthesize_writes_exactly_count_prompts_of_each_kind_and_resumes(tmp_path, target_and_tokenizer, monkeypatch):
+    model, tokenizer = target_and_tokenizer
+    monkeypatch.setattr(PromptFilter, "reason", lambda self, text, complete: "" if complete else "unfinished")
+    out = tmp_path / "prompts.jsonl"
+
+    first = synthesize(model, tokenizer, out, count=4, kinds=("math", "code"), batch_size=8, max_prompt_tokens=6)
+    second = synthesize(model, tokenizer, out, count=7, kinds=("math", "code"), batch_size=8, max_prompt_tokens=6)
+
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert first["written"] == 4 and second["written"] == 3 and len(records) == 7
+    assert {r["kind"] for r in records} == {"math", "code"} and all(r["source"] == "magpie" for r in records)
+    assert read_prompts([out]) == [r["turns"][0] for r in records]  # a prompt file like any other
+    header = tokenizer.decode(user_header(tokenizer, "code"))
+    assert header.startswith("user") and "w" not in header  # the template up to the user's words, no further

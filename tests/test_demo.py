@@ -397,6 +397,17 @@ def test_port_in_use_is_a_one_line_error_naming_port(monkeypatch):
     assert message.startswith(f"dspark demo: error: port {port} ") and "--port" in message and "\n" not in message
 
 
+def test_the_demo_says_where_it_runs_and_never_suggests_sharing(tiny_pair, monkeypatch, capfd):
+    import gradio
+
+    monkeypatch.setattr(demo_app, "load_pair_from_args", lambda args: tiny_pair)
+    monkeypatch.setattr(gradio.Blocks, "block_thread", lambda demo: demo.close())  # Ctrl-C at once
+    port = free_port()
+    dspark_main(["demo", "--port", str(port)])
+    printed = capfd.readouterr().out
+    assert f"dspark demo: running on http://127.0.0.1:{port}/" in printed and "share" not in printed, printed
+
+
 # ---------------------------------------------------------------- the API endpoint
 def test_generate_endpoint_has_named_outputs_and_the_plain_answer(served, greedy_answer):
     from gradio_client import Client

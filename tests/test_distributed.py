@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -15,8 +16,10 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from conftest import MASK_ID, VOCAB, tiny_target
+from conftest import MASK_ID, VOCAB, drafter_config, tiny_target
 from dspark_hf.tools.cli import main
+from dspark_hf.tools.training import trainer
+from dspark_hf.tools.training.data import load_sequences
 
 # The processes sum their gradients in another order than one process accumulates them, so float32 rounding
 # differs in the last bits, and Adam's division by sqrt(v) can grow that on tiny gradients. Measured after
@@ -110,18 +113,49 @@ def test_two_processes_train_as_one_and_resume_across_process_counts(files, tmp_
 
 
 def test_two_processes_regenerate_what_one_does(files, tmp_path, capsys):
-    """Each process answers half of every batch; the main process writes them all, and one process resumes the file."""
+    """Each process answers half of every batch; the main process writes the shards, and one process resumes them."""
     command = ["regenerate", "--target", str(files / "target"), "--prompts", str(files / "prompts.jsonl"),
-               "--max-new-tokens", "12", "--dtype", "float32", "--threads", "1"]
-    launch_two(command + ["--out", str(tmp_path / "two.jsonl"), "--batch-size", "2"])
-    main(command + ["--out", str(tmp_path / "one.jsonl"), "--batch-size", "4"])
+               "--max-new-tokens", "12", "--dtype", "float32", "--threads", "1", "--shard-size", "4"]
+    launch_two(command + ["--out", str(tmp_path / "two"), "--batch-size", "2"])
+    main(command + ["--out", str(tmp_path / "one"), "--batch-size", "4"])
 
     def by_index(name):
-        records = [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
-        return sorted(records, key=lambda record: record["prompt_index"])
+        return sorted(load_sequences(tmp_path / name), key=lambda record: record["prompt_index"])
 
-    assert [record["prompt_index"] for record in by_index("two.jsonl")] == list(range(10))
-    assert by_index("two.jsonl") == by_index("one.jsonl")
+    assert [record["prompt_index"] for record in by_index("two")] == list(range(10))
+    assert by_index("two") == by_index("one")
     capsys.readouterr()
-    main(command + ["--out", str(tmp_path / "two.jsonl"), "--batch-size", "4"])
+    main(command + ["--out", str(tmp_path / "two"), "--batch-size", "4", "--shards", "0", "1"])
     assert json.loads(capsys.readouterr().out)["answers"] == 0
+
+
+def test_each_process_trains_its_own_share_and_only_the_main_one_writes(tmp_path, monkeypatch):
+    """Both processes of a 2-process run, one after the other in this process (the collectives stubbed out): every
+    (step, slot) of the global batch is trained exactly once between them, and the second writes nothing at all.
+
+    The two-process run above cannot see a process training every slot: the summed gradient is then doubled,
+    and clipping at norm 1 hides that when every step's norm is above 1."""
+    target = tiny_target("qwen3", seed=2)
+    records = answers(target, 6, seed=0)
+    trained = []
+
+    def noted(step, slot, settings, num_sequences):
+        trained.append((step, slot))
+        return order(step, slot, settings, num_sequences)
+
+    order = trainer.sequence_order
+    monkeypatch.setattr(trainer, "sequence_order", noted)
+    monkeypatch.setattr(trainer, "sum_gradients", lambda params, state: None)
+    monkeypatch.setattr(trainer, "sum_across", lambda values, state: values)
+    settings = trainer.TrainSettings(max_steps=3, sequences_per_step=4, anchors_per_sequence=4, log_every=1,
+                                     save_every=2, eval_every=2)
+    config = drafter_config(target, block_size=4, target_layer_ids=[0, 2])
+    for rank in (0, 1):
+        state = types.SimpleNamespace(num_processes=2, process_index=rank, is_main_process=rank == 0,
+                                      device=torch.device("cpu"))
+        monkeypatch.setattr(trainer, "process_state", lambda device=None, state=state: state)
+        trainer.train(target, records, tmp_path / f"rank{rank}", config=config, settings=settings, progress=False,
+                      eval_sequences=records[:3])
+    assert sorted(trained) == [(step, slot) for step in range(3) for slot in range(4)]
+    assert (tmp_path / "rank0" / "model.safetensors").is_file() and (tmp_path / "rank0" / "checkpoint").is_dir()
+    assert not (tmp_path / "rank1").exists()

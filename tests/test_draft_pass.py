@@ -252,6 +252,7 @@ def test_a_bf16_drafter_keeps_rope_in_float32_and_drafts_like_fp32(target, tmp_p
 
 
 @pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")), reason="no C++ compiler for inductor")
+@pytest.mark.slow  # compiling takes long; compile_draft() is off by default
 def test_the_compiled_draft_pass_drafts_like_the_eager_one(target, tmp_path):
     """fullgraph compilation over the cache's whole storage, masked: same ids and confidences, one graph."""
     drafter = make_drafter(target, tmp_path / "d", "dspark")

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 from conftest import tiny_target, write_bigram_deepspec
 from dspark_hf import DSparkDrafter
+from dspark_hf.core.generation import DSparkCandidateGenerator
+from dspark_hf.core.modeling import DraftBlock
 from dspark_hf.core.ngram import AcceptanceStats, NgramIndex
 from dspark_hf.core.scheduling import CostTable, best_geometric_length, geometric_expected
+from dspark_hf.core.trace import SOURCE_DSPARK, SOURCE_NGRAM
 from reference_drafting import reference_block
 from test_exact_sampling import Enumerated, StopAfter, small_drafter, target_law
 from test_exact_sampling import PROMPT, LENGTH, TEMPERATURE, TOP_K, VOCAB
@@ -158,7 +162,7 @@ def hybrid_law(target, drafter, **kwargs):
                 return law, sources
 
 
-@pytest.mark.parametrize("scheduler", ["threshold", "cost"])
+@pytest.mark.parametrize("scheduler", [pytest.param("threshold", marks=pytest.mark.slow), "cost"])
 def test_hybrid_sampling_is_exact(scheduler, tmp_path):
     """Which source a round uses depends on c_1 and past rounds only, and an n-gram round's q is one-hot."""
     target = tiny_target("qwen3", vocab=VOCAB, seed=7, layers=3)
@@ -172,6 +176,39 @@ def test_hybrid_sampling_is_exact(scheduler, tmp_path):
     kinds = {source for source, _ in sources}
     assert kinds == {"ngram", "dspark"}, sources  # both sources were taken on some branches
     assert max(n for source, n in sources if source == "ngram") >= 2
+
+
+# Every verified token costs half a forward: sending 3 n-gram tokens costs 2.5 forwards, not 1.
+STEEP = CostTable(0.1, tuple(1.0 + 0.5 * n for n in range(33)))
+
+
+def planned(tmp_path, monkeypatch, costs: CostTable, c1: float):
+    """A round's plan where the context ends in a repeat -- a 3-token match, its n-gram length accepted with alpha
+    0.9 so far -- and the DSpark block's first confidence is c1; and whether the draft pass ran."""
+    target = tiny_target("qwen3")
+    drafter = drafter_with_costs(target, tmp_path, costs)
+    drafter.generation_config.dspark_ngram = True
+    generator = DSparkCandidateGenerator(drafter, GenerationConfig(max_length=200, do_sample=False))
+    context = [*range(1, 12), 1, 2, 3]
+    generator.ngram.extend(context)
+    generator.ngram_stats.counts[3] = [9.0, 1.0]
+    budget = drafter.config.num_draft_tokens
+    block = DraftBlock(torch.arange(budget), None, torch.tensor([c1] + [0.9] * (budget - 1)))
+    drafted = []
+    monkeypatch.setattr(drafter, "draft", lambda *args: drafted.append(True) or block)
+    return generator._plan(torch.tensor([context]), budget, room=100), bool(drafted)
+
+
+def test_a_round_prices_the_ngram_proposal_by_the_tokens_it_sends(tmp_path, monkeypatch):
+    """On steep costs the n-gram proposal (3 of its tokens: 3.44 expected in 2.5 forwards) loses to a block with
+    c_1 = 0.95 (about 1.46 tokens per forward against 1.32), wins against c_1 = 0.3, and skips the draft pass only
+    when that pass costs more than a whole surviving block could repay."""
+    proposal, drafted = planned(tmp_path / "a", monkeypatch, STEEP, c1=0.95)
+    assert proposal.source == SOURCE_DSPARK and drafted  # a whole block could win: the draft pass runs
+    proposal, drafted = planned(tmp_path / "b", monkeypatch, STEEP, c1=0.3)
+    assert (proposal.source, proposal.num_verified, proposal.match.match_length) == (SOURCE_NGRAM, 3, 3) and drafted
+    proposal, drafted = planned(tmp_path / "c", monkeypatch, CostTable(5.0, STEEP.verify_seconds), c1=0.95)
+    assert proposal.source == SOURCE_NGRAM and not drafted
 
 
 def test_no_draft_pass_when_even_a_whole_block_could_not_beat_the_match(tmp_path, monkeypatch):

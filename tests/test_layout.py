@@ -1,15 +1,21 @@
-"""The package's imports point down (core <- formats <- tools) and form no cycle, function-level imports included."""
+"""The package's imports point down (core <- formats <- tools) and form no cycle, function-level imports included;
+core holds nothing only the tools use, and `import dspark_hf` loads no tool."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import dspark_hf
+
 PACKAGE = "dspark_hf"
 SOURCE = Path(__file__).resolve().parents[1] / "src" / PACKAGE
-LAYERS = {"core": 0, "formats": 1, "tools": 2}
+# custom_generate/ is the file transformers loads for generate(custom_generate=...): beside formats, on core.
+LAYERS = {"core": 0, "formats": 1, "custom_generate": 1, "tools": 2}
 
 
 def module_name(path: Path) -> str:
@@ -141,3 +147,48 @@ def test_cycle_detection_sees_function_level_cycles(tmp_path):
     node = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom))
     modules = {"dspark_hf.core.a": None, "dspark_hf.core.b": None}
     assert resolve("dspark_hf.core.a", False, node, modules) == {"dspark_hf.core.b"}
+
+
+def defined_names(tree: ast.Module) -> set[str]:
+    return {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+
+
+def used_names(tree: ast.Module) -> set[str]:
+    """Every name a module reads: plain names, attributes, and the names it imports."""
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            used.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            used.add(node.attr)
+        elif isinstance(node, ast.ImportFrom):
+            used |= {alias.name for alias in node.names}
+    return used
+
+
+def only_for_the_tools(sources: dict[str, str], public: set[str]) -> list[str]:
+    """Functions and classes of core/ that neither core, formats/ nor the package's public names use."""
+    trees = {name: ast.parse(source) for name, source in sources.items()}
+    used = set(public).union(*(used_names(tree) for name, tree in trees.items() if layer(name) in ("core", "formats")))
+    return sorted(f"{name}.{defined}" for name, tree in trees.items() if layer(name) == "core"
+                  for defined in defined_names(tree) - used)
+
+
+def test_core_holds_nothing_only_the_tools_use():
+    sources = {name: path.read_text() for name, path in all_modules().items()}
+    assert not only_for_the_tools(sources, set(dspark_hf.__all__)), "move these to the tools (or delete them)"
+
+
+def test_the_core_check_sees_a_function_only_a_tool_calls():
+    sources = {
+        "dspark_hf.core.a": "def used():\n    pass\n\ndef for_tools():\n    pass\n\ndef public():\n    pass\n",
+        "dspark_hf.core.b": "from .a import used\n",
+        "dspark_hf.tools.c": "from ..core.a import for_tools\n",
+    }
+    assert only_for_the_tools(sources, {"public"}) == ["dspark_hf.core.a.for_tools"]
+
+
+def test_importing_the_package_loads_no_tool():
+    check = "import sys, dspark_hf\nprint(sorted(m for m in sys.modules if m.startswith('dspark_hf.tools')))"
+    finished = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert finished.stdout.strip() == "[]", finished.stderr

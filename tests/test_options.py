@@ -22,16 +22,15 @@ from dspark_hf.tools.errors import InputError
 from dspark_hf.tools.options import (
     add_model_arguments,
     apply_threads,
-    default_threads,
     load_pair_from_args,
     load_target_from_args,
-    resolve_dtype,
     timed_generate,
 )
 from dspark_hf.tools.prompts import prompt_file, read_prompts, shipped_prompt_sets
+from dspark_hf.tools.targets import busy_cores, default_threads, resolve_dtype
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ["generate", "train", "regenerate", "export", "bench", "calibrate", "demo"]
+COMMANDS = ["generate", "train", "regenerate", "synthesize", "export", "bench", "calibrate", "demo"]
 
 
 def subparsers() -> dict[str, argparse.ArgumentParser]:
@@ -77,6 +76,32 @@ def test_dtype_and_device_options_parse():
         build_parser().parse_args(["generate", "--device", "cpu", "--device-map", "auto"])
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "--temperature", "-1"])
+
+
+@pytest.mark.parametrize("words, line", [
+    (["generate", "--max-new-tokens", "0"], "dspark generate: error: --max-new-tokens must be a positive integer, got 0"),
+    (["generate", "--prompt", " "], "dspark generate: error: --prompt must not be empty: give the message to answer"),
+    (["generate", "--temperature", "hot"], "dspark generate: error: --temperature must be a number >= 0, got hot"),
+    (["bench", "--prompts", "gsm8k", "--seed", "x"], "dspark bench: error: --seed must be an integer, got 'x'"),
+    (["generate", "--dtype", "fp8"], "dspark generate: error: --dtype must be one of 'auto', 'float32', 'bfloat16', "
+                                     "'float16'; got 'fp8'"),
+    (["gen"], "dspark: error: command must be one of 'generate', 'train', 'regenerate', 'synthesize', 'export', "
+              "'bench', 'calibrate', 'demo'; got 'gen'"),
+])
+def test_a_bad_command_line_is_one_plain_line(words, line, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(words)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == line + "\n"  # no usage block, no argparse internals
+
+
+def test_help_answers_before_torch_loads():
+    """`dspark --help` imports neither torch nor transformers: each command's module loads when it runs."""
+    check = ("import sys\nfrom dspark_hf.tools.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+             "print(sorted(name for name in ('torch', 'transformers') if name in sys.modules))")
+    finished = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert finished.stdout.splitlines()[-1] == "[]", finished.stderr
+    assert "generate" in finished.stdout and "calibrate" in finished.stdout
 
 
 # ------------------------------------------------------------------ dtype
@@ -125,8 +150,8 @@ def test_apply_threads(monkeypatch, one_thread_after):
     assert apply_threads(argparse.Namespace(threads=None)).startswith("OMP_NUM_THREADS")
     assert torch.get_num_threads() == 1
     monkeypatch.delenv("OMP_NUM_THREADS")  # no choice made: the cores busy right now decide
-    monkeypatch.setattr("dspark_hf.tools.options.busy_cores", lambda: 1.2)
-    monkeypatch.setattr("dspark_hf.tools.options.os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr("dspark_hf.tools.targets.busy_cores", lambda: 1.2)
+    monkeypatch.setattr("dspark_hf.tools.targets.os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert "load 1.2" in apply_threads(argparse.Namespace(threads=None)) and torch.get_num_threads() == 1
 
 
@@ -252,8 +277,6 @@ def test_the_qwen3_example_fails_fast_and_in_one_line_without_the_hub(tmp_path, 
 
 
 def test_busy_cores_sees_a_busy_process_now_and_nothing_on_a_quiet_machine():
-    from dspark_hf.tools.options import busy_cores
-
     quiet = busy_cores(0.3)
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:

@@ -1,4 +1,5 @@
-"""What a drafting round asks of the host: at most two reads of the device, and copies that do not grow.
+"""What a drafting round asks of the host: at most two reads of the device, none more for a `dspark_rounds` sink,
+and copies that do not grow.
 
 On a GPU every read of a device tensor from Python waits for the queue to drain. The
 round's reads are counted from dspark_hf's own code only (transformers' loop makes its
@@ -131,6 +132,23 @@ def test_at_most_two_host_reads_per_round(variant, hybrid, sampled, counted, tmp
     assert counted.syncs[worst] <= 2, f"round {worst}: {counted.what[worst]}"
     sources = {r.source for r in drafter.last_trace}  # read after the rounds: the trace is built lazily
     assert "dspark" in sources
+
+
+@pytest.mark.parametrize("variant", ["dspark", "dflash"])
+def test_a_rounds_sink_adds_no_host_read(variant, counted, tmp_path):
+    """`dspark_rounds` gets each record as its round ends, and the round does not read the device for it."""
+    target = tiny_target("qwen3")
+    drafter = make_drafter(target, tmp_path, **DRAFTERS[variant])
+    prompt = torch.randint(0, MASK_ID, (1, 12), generator=torch.Generator().manual_seed(3))
+    reads, sink = {}, []
+    for with_sink in (False, True):
+        counted.round, counted.syncs = 0, collections.Counter()
+        with counted:
+            target.generate(prompt, max_new_tokens=30, assistant_model=drafter, do_sample=False, dspark_ngram=True,
+                            dspark_scheduler="cost", **({"dspark_rounds": sink} if with_sink else {}))
+        reads[with_sink] = (counted.round, dict(counted.syncs))
+    assert reads[True] == reads[False] and reads[True][0] >= 5
+    assert sink == list(drafter.last_trace) and len(sink) == reads[True][0]  # read here, after the call
 
 
 @pytest.mark.parametrize("variant", ["dspark", "dflash"])

@@ -19,7 +19,7 @@ from transformers import (
 from conftest import tiny_target, write_deepspec, write_zlab
 from dspark_hf import DSparkDrafter
 from dspark_hf.core import sampling
-from dspark_hf.core.sampling import DraftTokenChooser, expected_accepted_length, total_variation
+from dspark_hf.core.sampling import DraftTokenChooser
 from dspark_hf.core.scheduling import threshold_length
 
 SMALL_VOCAB = 6
@@ -70,7 +70,8 @@ def chi_square(counts: dict, expected_probs: dict, samples: int) -> tuple[float,
 
 @pytest.mark.parametrize(
     "fmt,temperature,top_k,threshold",
-    [("deepspec", 0.8, 4, 0.3), ("zlab", 1.0, 0, 0.0)],
+    # Monte Carlo through the real random draws; test_exact_sampling enumerates DSpark thresholds exactly
+    [pytest.param("deepspec", 0.8, 4, 0.3, marks=pytest.mark.slow), ("zlab", 1.0, 0, 0.0)],
 )
 def test_sampled_output_has_the_target_distribution(fmt, temperature, top_k, threshold, tmp_path):
     target = tiny_target("qwen3", vocab=SMALL_VOCAB, seed=7, layers=3)
@@ -175,13 +176,3 @@ def test_threshold_cut_is_the_first_low_confidence():
     assert threshold_length(c, 0.95, 4, 10) == 0
     assert threshold_length(None, 0.9, 4, 3) == 3
     assert threshold_length(c, 0.5, 4, 0) == 0
-
-
-def test_expected_length_and_total_variation():
-    p = torch.tensor([0.5, 0.5, 0.0])
-    q = torch.tensor([0.25, 0.25, 0.5])
-    assert total_variation(p, q).item() == pytest.approx(0.5)
-    survival = torch.tensor([0.5, 0.5, 1.0])
-    assert expected_accepted_length(survival).item() == pytest.approx(1 + 0.5 + 0.25 + 0.25)
-    mask = torch.tensor([1.0, 1.0, 0.0])
-    assert expected_accepted_length(survival, mask).item() == pytest.approx(1.75)

@@ -48,7 +48,9 @@ def simulate_costs(monkeypatch, target, drafter, table: CostTable) -> None:
 
     The drafting gate prices rounds by the clock; with this, what it sees is the table."""
     clock = types.SimpleNamespace(now=0.0)
-    monkeypatch.setattr("dspark_hf.core.generation.time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+    ticking = types.SimpleNamespace(perf_counter=lambda: clock.now)
+    for module in ("generation", "timing"):  # the gate's host clock, and the round records' Stopwatch
+        monkeypatch.setattr(f"dspark_hf.core.{module}.time", ticking)
     draft, forward = drafter.draft, target.forward
 
     def timed_draft(*args, **kwargs):
@@ -140,7 +142,7 @@ def test_cost_table_rejects_nonsense():
         CostTable(0.1, ())
     with pytest.raises(ValueError):
         CostTable(0.1, (1.0, 0.0))
-    assert HALF_FORWARD_PER_TOKEN.drafted_round(2) == pytest.approx(2.0)
+    assert HALF_FORWARD_PER_TOKEN.rate(3.0, 2, drafted=True) == pytest.approx(1.5)  # 3 tokens in 2.0 s
 
 
 # --------------------------------------------------- lossless generation
@@ -201,6 +203,7 @@ def test_drafting_resumes_with_the_right_context_after_skipped_rounds(tmp_path, 
         torch.testing.assert_close(torch.tensor(record.confidences), block.confidences, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # Monte Carlo; test_exact_sampling enumerates the cost scheduler's law exactly
 @pytest.mark.parametrize("table", ["graded", "skip"])
 def test_sampled_output_has_the_target_distribution(table, tmp_path, monkeypatch):
     """The first three tokens of six: round 1 verifies up to a whole block, round 2 depends on round 1."""

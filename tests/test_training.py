@@ -15,6 +15,7 @@ from dspark_hf.tools.training.trainer import (
     FeatureStore,
     TrainSettings,
     answer_vocabulary,
+    expected_accepted_length,
     greedy_tau,
     sample_anchors,
     sequence_ids,
@@ -48,7 +49,11 @@ def measured_tau(target, drafter, seed=99):
 SETTINGS = dict(sequences_per_step=4, anchors_per_sequence=8, learning_rate=3e-3, warmup_steps=5, log_every=5)
 
 
-@pytest.mark.parametrize("arch, loss_vocab", [("dspark", "full"), ("dflash", "full"), ("dspark", "responses")])
+@pytest.mark.parametrize("arch, loss_vocab", [
+    ("dspark", "full"),
+    pytest.param("dflash", "full", marks=pytest.mark.slow),
+    pytest.param("dspark", "responses", marks=pytest.mark.slow),
+])
 def test_training_raises_tau_in_real_generate(arch, loss_vocab, tmp_path):
     target = tiny_target("qwen3", seed=2)
     data = regenerated(target)
@@ -57,11 +62,11 @@ def test_training_raises_tau_in_real_generate(arch, loss_vocab, tmp_path):
         fields.update(markov_rank=0, enable_confidence_head=False)
     config = drafter_config(target, **fields)
     train(target, data, tmp_path / "before", config=config, settings=TrainSettings(max_steps=0, **SETTINGS),
-          arch=arch, progress=False)
+          progress=False)
     before = DSparkDrafter.from_pretrained(tmp_path / "before", target)
     tau_before = measured_tau(target, before)
     settings = TrainSettings(max_steps=150, loss_vocab=loss_vocab, **SETTINGS)
-    train(target, data, tmp_path / "after", config=config, settings=settings, arch=arch, progress=False)
+    train(target, data, tmp_path / "after", config=config, settings=settings, progress=False)
     after = DSparkDrafter.from_pretrained(tmp_path / "after", target)  # the written checkpoint round-trips
     tau_after = measured_tau(target, after)
     print(f"{arch}: tau {tau_before:.2f} -> {tau_after:.2f}")
@@ -107,7 +112,7 @@ def test_training_on_a_learnable_sequence_fills_whole_blocks(arch, tmp_path):
     if arch == "dflash":
         fields.update(markov_rank=0, enable_confidence_head=False)
     settings = TrainSettings(max_steps=80, **SETTINGS)
-    drafter = train(target, data, tmp_path, config=drafter_config(target, **fields), settings=settings, arch=arch,
+    drafter = train(target, data, tmp_path, config=drafter_config(target, **fields), settings=settings,
                     progress=False)  # ready for generate() as it is returned
     generator, taus = torch.Generator().manual_seed(1), []
     for length in range(3, 7):
@@ -146,6 +151,13 @@ def test_interrupted_training_resumes_without_losing_steps(tmp_path, monkeypatch
         torch.testing.assert_close(resumed.state_dict()[key], value, rtol=1e-5, atol=1e-6)
 
 
+def test_expected_accepted_length_counts_a_draft_only_after_every_earlier_one():
+    survival = torch.tensor([0.5, 0.5, 1.0])
+    assert expected_accepted_length(survival).item() == pytest.approx(1 + 0.5 + 0.25 + 0.25)
+    mask = torch.tensor([1.0, 1.0, 0.0])
+    assert expected_accepted_length(survival, mask).item() == pytest.approx(1.75)
+
+
 def test_answer_vocabulary_ranks_answer_tokens_by_frequency():
     records = [{"prompt_ids": [1, 2], "response_ids": [7, 3, 7]}, {"prompt_ids": [9], "response_ids": [5]}]
     assert answer_vocabulary(records, VOCAB).tolist() == [3, 5, 7]  # prompt-only tokens (1, 2, 9) stay out
@@ -166,8 +178,8 @@ def test_shortlist_loss_equals_full_loss_when_it_covers_the_vocabulary():
     anchors = sample_anchors(len(record["prompt_ids"]), len(ids), 8, torch.Generator().manual_seed(0))
     features = FeatureStore(target, config.target_layer_ids).get(ids)
     token_ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(1))
-    full_loss, full_terms = sequence_loss(drafter, ids, features, anchors, settings, False)
-    short_loss, short_terms = sequence_loss(drafter, ids, features, anchors, settings, False, token_ids)
+    full_loss, full_terms = sequence_loss(drafter, ids, features, anchors, settings)
+    short_loss, short_terms = sequence_loss(drafter, ids, features, anchors, settings, token_ids)
     torch.testing.assert_close(short_loss, full_loss)
     for name, value in full_terms.items():
         torch.testing.assert_close(short_terms[name], value)
@@ -196,7 +208,7 @@ def test_confidence_only_training_from_a_trained_drafter_moves_only_that_head(tm
             ids = sequence_ids(record, settings)
             anchors = sample_anchors(len(record["prompt_ids"]), len(ids), 8, torch.Generator().manual_seed(i))
             with torch.no_grad():
-                total += sequence_loss(drafter, ids, store.get(ids), anchors, settings, False)[1]["conf"].item()
+                total += sequence_loss(drafter, ids, store.get(ids), anchors, settings)[1]["conf"].item()
         return total / len(held_out)
 
     assert confidence_loss(tuned) < confidence_loss(trained)

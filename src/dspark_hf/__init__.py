@@ -7,20 +7,31 @@ Layers, imports pointing down: `core` (what generate() needs) <- `formats` (chec
 layouts and the loader) <- `tools` (CLI, bench, calibrate, demo, training, default pair).
 """
 
-from .core.config import CheckpointError, DSparkConfig
-from .core.generation import DSparkCandidateGenerator
-from .core.trace import RoundRecord, TraceSummary, summarize
-from .formats.loader import DSparkDrafter
-from .tools.targets import load_default
+import importlib
 
-__all__ = [
-    "CheckpointError",
-    "DSparkCandidateGenerator",
-    "DSparkConfig",
-    "DSparkDrafter",
-    "RoundRecord",
-    "TraceSummary",
-    "load_default",
-    "summarize",
-]
+# Each name and the module that defines it: imported on first use, so that `import dspark_hf` loads no
+# tool (and a console command that needs neither torch nor transformers, such as `dspark --help`, loads neither).
+EXPORTS = {
+    "CheckpointError": ".core.config",
+    "DSparkCandidateGenerator": ".core.generation",
+    "DSparkConfig": ".core.config",
+    "DSparkDrafter": ".formats.loader",
+    "RoundRecord": ".core.trace",
+    "TraceSummary": ".core.trace",
+    "load_default": ".tools.targets",
+    "summarize": ".core.trace",
+}
+__all__ = sorted(EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in EXPORTS:
+        raise AttributeError(f"module 'dspark_hf' has no attribute {name!r}")
+    value = getattr(importlib.import_module(EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *EXPORTS])

@@ -8,10 +8,11 @@ each of them into this class, and everything else reads only this class.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Union
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 LAYER_TYPES = ("full_attention", "sliding_attention")
+SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 class CheckpointError(ValueError):
@@ -67,6 +68,11 @@ class DSparkConfig:
     source_format: str = "deepspec"  # the layout the checkpoint was read from
     # transformers reads this from any assistant model's config.
     is_encoder_decoder: bool = False
+    # The target's special tokens (`with_tokens_of`): a drafter speaks its target's tokenizer, and transformers'
+    # pipelines accept an assistant only when these equal the model's. Not part of what the drafter is.
+    bos_token_id: Optional[int] = dataclasses.field(default=None, compare=False)
+    eos_token_id: Optional[Union[int, list[int]]] = dataclasses.field(default=None, compare=False)
+    pad_token_id: Optional[int] = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         # One canonical form, so that configs read from different layouts compare equal.
@@ -84,6 +90,11 @@ class DSparkConfig:
             self.sliding_window, self.sliding_window_non_causal = None, False
         if self.draft_vocab_size is not None and self.draft_vocab_size >= self.vocab_size:
             self.draft_vocab_size = None
+
+    def with_tokens_of(self, target_config) -> "DSparkConfig":
+        """This config with the special token ids of the target's (text) config."""
+        text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        return dataclasses.replace(self, **{key: getattr(text, key, None) for key in SPECIAL_TOKENS})
 
     def get_text_config(self, *args, **kwargs) -> "DSparkConfig":
         """transformers calls this on every assistant config to compare vocabularies."""

@@ -1,11 +1,20 @@
 """How long a round takes on this machine: the cost table the cost-aware scheduler reads.
 
-`T_verify(n)` is one target forward of n new tokens after a cached context, for
-n = 1..block+1 (the anchor plus up to a whole block); `T_draft` is one drafting
-pass. Both depend on the hardware, the dtype and the two models, so they are
-measured where generation runs, once, and kept on disk per (target, drafter,
-device, dtype) under `$DSPARK_HF_CACHE/cost_tables` (default
-`~/.cache/dspark_hf/cost_tables`).
+`T_verify(n)` is one target forward of n new tokens after a cached context, for n = 1 up
+to the longest n-gram proposal (and at least the anchor plus a whole block); `T_draft` is
+one drafting pass. Both depend on the hardware, the dtype and the two models, so they are
+measured where generation runs, once, and kept on disk per (target, drafter, device, dtype,
+CPU threads) under `$DSPARK_HF_CACHE/cost_tables` (default `~/.cache/dspark_hf/cost_tables`).
+
+The first call that needs the table pays for measuring it, so measuring is bounded at any
+model size: a budget of `PROFILE_BUDGET_STEPS` one-token forwards (about as long as that many
+tokens of plain decoding), or `PROFILE_MIN_SECONDS` where those are fast. Verify forwards are
+timed at a few lengths only (`PROFILED_LENGTHS`, the whole block, the longest proposal), with
+straight lines between them. One token, the whole block and the draft pass are always timed;
+the other lengths, and repeats that sharpen the times, only while the time they are expected
+to take fits in the budget. A 135M target gets every length and repeat within the floor; a
+Qwen3-4B-sized one on a CPU gets one token and the block, and its longer verifies are
+extrapolated.
 """
 
 from __future__ import annotations
@@ -13,36 +22,37 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 import torch
+from tqdm import tqdm
 
+from .machine import cache_root, cpu_model
 from .modeling import ContextCache
 from .ngram import MAX_PROPOSAL_TOKENS
 from .sampling import DraftTokenChooser
 from .scheduling import CostTable
 
-CACHE_ENV_VAR = "DSPARK_HF_CACHE"
-
-# Long enough that attention over the context counts as it does mid-generation, short enough to profile fast.
+# Long enough that attention over the context counts as it does mid-generation. The context is read from
+# FIRST_CONTEXT_TOKENS on, doubling, and stops growing where the next chunk would take it past CONTEXT_SHARE of
+# the budget (a big target on a CPU, where reading a long context costs many one-token forwards).
 PROFILE_CONTEXT_TOKENS = 256
-PROFILE_REPEATS = 5
-PROFILE_WARMUP = 2
-# Past the block, verify times are measured at these lengths and interpolated: hybrid drafting may send an
-# n-gram continuation of up to MAX_PROPOSAL_TOKENS, whose price it must know.
-LONG_PROPOSAL_LENGTHS = (12, 17, 25, MAX_PROPOSAL_TOKENS + 1)
-
-
-def cache_root() -> Path:
-    """Where dspark_hf keeps what it measures or converts: `$DSPARK_HF_CACHE`, else `~/.cache/dspark_hf`."""
-    configured = os.environ.get(CACHE_ENV_VAR)
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "dspark_hf"
+FIRST_CONTEXT_TOKENS = 16
+CONTEXT_SHARE = 0.25
+# Verify lengths timed besides the whole block and the longest proposal; T_verify is interpolated in between.
+PROFILED_LENGTHS = (1, 2, 4, 8, 16)
+# At most this many runs per length (and of the draft pass); the fastest counts.
+PROFILE_RUNS = 7
+# The budget: this many one-token forwards (about the price of as many tokens of plain decoding), or this many
+# seconds where forwards are fast.
+PROFILE_BUDGET_STEPS = 12
+PROFILE_MIN_SECONDS = 4.0
+# A progress bar appears when profiling has taken longer than this.
+PROGRESS_AFTER_SECONDS = 3.0
 
 
 def cache_directory() -> Path:
@@ -53,23 +63,13 @@ def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def cpu_model() -> str:
-    """The CPU's marketing name where Linux tells it; platform.processor() is often empty."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "CPU"
-
-
 def _device_name(device: torch.device) -> str:
     """The hardware, not just 'cuda:0': a table from another GPU model (or thread count) is not valid here."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type == "cpu":
-        return f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} threads"
+        threads = torch.get_num_threads()
+        return f"{cpu_model()} ({platform.machine()}), {threads} thread{'s' * (threads != 1)}"
     return device.type
 
 
@@ -101,68 +101,123 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def median_seconds(
-    run: Callable[[], object], device: torch.device, repeats: int = PROFILE_REPEATS, warmup: int = PROFILE_WARMUP
-) -> float:
-    """Median wall time of `run()` after a few unmeasured calls (kernel selection, allocator warm-up)."""
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        started = time.perf_counter()
-        run()
-        synchronize(device)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+def timed(run: Callable[[], object], device: torch.device) -> float:
+    """Wall seconds of one `run()`, queued GPU work included."""
+    synchronize(device)
+    started = time.perf_counter()
+    run()
+    synchronize(device)
+    return time.perf_counter() - started
+
+
+def profiled_lengths(num_draft_tokens: int) -> list[int]:
+    """The verify lengths timed, in the order their repeats are worth most: one token and the anchor plus a whole
+    block (the "auto" scheduler weighs one against the other), then PROFILED_LENGTHS and the longest proposal."""
+    block, longest = num_draft_tokens + 1, max(num_draft_tokens + 1, MAX_PROPOSAL_TOKENS + 1)
+    others = sorted({n for n in PROFILED_LENGTHS if n < longest} | {longest} - {1, block})
+    return [1, block, *others]
 
 
 @torch.no_grad()
-def measure_costs(drafter, context_tokens: int = PROFILE_CONTEXT_TOKENS, repeats: int = PROFILE_REPEATS) -> CostTable:
-    """Time the target's verify forwards and one drafting pass after a cached context of random tokens."""
-    target = drafter.target
-    config = drafter.config
+def measure_costs(drafter, context_tokens: int = PROFILE_CONTEXT_TOKENS) -> CostTable:
+    """Time the target's verify forwards and one drafting pass after a cached context of random tokens.
+
+    Within the budget (see the module's docstring): the context grows by doubling while the next chunk fits in
+    its share; then one token, the whole block and the draft pass are timed, and every other length and every
+    repeat only where the time it is expected to take still fits.
+    """
+    started = time.perf_counter()
+    target, config = drafter.target, drafter.config
     device = target.get_input_embeddings().weight.device
-    block_lengths = range(1, config.num_draft_tokens + 2)
-    measured = sorted({*block_lengths, *(n for n in LONG_PROPOSAL_LENGTHS if n > block_lengths[-1])})
-    longest = measured[-1]
+    lengths = profiled_lengths(config.num_draft_tokens)
+    longest = max(lengths)
     context_tokens = min(context_tokens, config.max_position_embeddings - longest - 1)
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, config.vocab_size, (1, context_tokens + longest), generator=generator).to(device)
     context_ids, new_ids = tokens[:, :context_tokens], tokens[:, context_tokens:]
     layers = config.hidden_state_indices
-    prefill = target(context_ids, use_cache=True, output_hidden_states=layers)
-    target_cache = prefill.cache
+    target_cache, features, read = None, [], 0
+
+    def elapsed() -> float:
+        return time.perf_counter() - started
+
+    def read_context(count: int) -> None:
+        """Extend the target's cache by the next `count` context tokens, keeping their features for the drafter."""
+        nonlocal target_cache, read
+        output = target(context_ids[:, read : read + count], cache=target_cache, use_cache=True,
+                        output_hidden_states=layers)
+        target_cache = output.cache
+        features.append([output.hidden_states[i] for i in layers])
+        read += count
 
     def verify(num_tokens: int) -> None:
         target(new_ids[:, :num_tokens], cache=target_cache, output_hidden_states=layers)
         target_cache.crop(-num_tokens)
 
-    seconds = {n: median_seconds(lambda n=n: verify(n), device, repeats) for n in measured}
-    verify_seconds = interpolated(seconds)
+    chunk = min(FIRST_CONTEXT_TOKENS, context_tokens)
+    chunk_seconds = timed(lambda: read_context(chunk), device)
+    step = min(timed(lambda: verify(1), device) for _ in range(2))  # the first of the two warms up
+    budget = max(PROFILE_MIN_SECONDS, PROFILE_BUDGET_STEPS * step)
+    while read < context_tokens:
+        following = min(read, context_tokens - read)  # the context doubles
+        if elapsed() + chunk_seconds * following / chunk > CONTEXT_SHARE * budget:
+            break
+        chunk, chunk_seconds = following, timed(lambda: read_context(following), device)
 
-    draft_context = ContextCache(context_tokens + config.block_size)
-    context_hidden = [prefill.hidden_states[i] for i in layers]
-    draft_context.append(drafter.context_kv(context_hidden, torch.arange(context_tokens)[None]))
+    draft_context = ContextCache(read + config.block_size)
+    context_hidden = [torch.cat(per_layer, dim=1) for per_layer in zip(*features)]
+    draft_context.append(drafter.context_kv(context_hidden, torch.arange(read)[None]))
     anchor = new_ids[0, :1]
     draft_ids = drafter.draft_token_ids()
 
     def draft() -> None:
-        chooser = DraftTokenChooser(context_ids, None, False, config.vocab_size, draft_ids)
-        drafter.draft(anchor, context_tokens, draft_context, chooser)
+        chooser = DraftTokenChooser(context_ids[:, :read], None, False, config.vocab_size, draft_ids)
+        drafter.draft(anchor, read, draft_context, chooser)
 
-    return CostTable(median_seconds(draft, drafter.device, repeats), tuple(verify_seconds))
+    # One token and the whole block ("auto" weighs one against the other) and the draft pass are always timed.
+    passes = {**{n: lambda n=n: verify(n) for n in lengths[:2]}, "draft": draft,
+              **{n: lambda n=n: verify(n) for n in lengths[2:]}}
+    always = {*lengths[:2], "draft"}
+    runs = {name: [] for name in passes}
+    progress = tqdm(total=round(budget, 1), unit="s", desc="[dspark_hf] profiling costs", file=sys.stderr,
+                    delay=PROGRESS_AFTER_SECONDS, bar_format="{desc}: {bar} {n:.0f}/{total:.0f} s")
+
+    def measured() -> dict[int, float]:
+        # The fastest run of each: the first ones pay for kernel selection and warm caches, and a busy machine
+        # only ever adds time. The drafting gate then judges rounds by their real times.
+        return {n: min(times) for n, times in runs.items() if n != "draft" and times}
+
+    def expected(name) -> float:
+        return min(runs[name]) if runs[name] else interpolated(measured(), name)[-1]
+
+    for repeat in range(PROFILE_RUNS):
+        for name, run in passes.items():
+            if len(runs[name]) < repeat:
+                continue  # it did not fit before, and the budget only shrinks
+            if (repeat > 0 or name not in always) and elapsed() + expected(name) > budget:
+                continue
+            runs[name].append(timed(run, device))
+            progress.total = max(progress.total, round(elapsed(), 1))  # what is always timed may overrun
+            progress.update(round(elapsed(), 1) - progress.n)
+    progress.n = progress.total
+    progress.close()
+    return CostTable(min(runs["draft"]), tuple(interpolated(measured(), longest)))
 
 
-def interpolated(seconds: dict[int, float]) -> list[float]:
-    """T_verify(1..longest) from times measured at some lengths, straight lines between them."""
+def interpolated(seconds: dict[int, float], longest: int) -> list[float]:
+    """T_verify(1..longest) from times measured at some lengths (1 and at least one more): straight lines between
+    them, and past the longest measured the line through the last two, never below it (a forward of many tokens
+    costs more with each one once the hardware is busy)."""
     lengths = sorted(seconds)
     table = []
-    for n in range(1, lengths[-1] + 1):
-        upper = next(m for m in lengths if m >= n)
+    for n in range(1, longest + 1):
         lower = max(m for m in lengths if m <= n)
+        upper = next((m for m in lengths if m >= n), None)
+        if upper is None:
+            lower, upper = lengths[-2:]
         share = 0.0 if upper == lower else (n - lower) / (upper - lower)
-        table.append(seconds[lower] + share * (seconds[upper] - seconds[lower]))
+        line = seconds[lower] + share * (seconds[upper] - seconds[lower])
+        table.append(max(line, min(seconds[lower], seconds[upper])))  # past the last: never below it
     return table
 
 
@@ -170,7 +225,8 @@ def profile_costs(drafter, refresh: bool = False) -> CostTable:
     """The drafter's cost table: measured here and cached on disk; `refresh=True` measures again.
 
     The result is also kept on `drafter.cost_table`, which generation reads first
-    (assign a CostTable there to skip profiling altogether).
+    (assign a CostTable there to skip profiling altogether). Tools that time generate()
+    call this first, so that the timed call does not include the measuring.
     """
     path = cost_table_path(drafter)
     if path.is_file() and not refresh:
@@ -179,15 +235,24 @@ def profile_costs(drafter, refresh: bool = False) -> CostTable:
     else:
         print(
             f"[dspark_hf] profiling verify and draft costs on {_device_name(drafter.device)} for the cost scheduler "
-            f"(once; cached in {path.parent}) ...",
+            f"(once, a few seconds on a small model; cached in {path.parent}) ...",
             file=sys.stderr,
             flush=True,
         )
+        started = time.perf_counter()
         table = measure_costs(drafter)
+        seconds = time.perf_counter() - started
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = {**table.to_dict(), "key": cost_table_key(drafter), "context_tokens": PROFILE_CONTEXT_TOKENS}
+        record = {**table.to_dict(), "key": cost_table_key(drafter), "profile_seconds": round(seconds, 2)}
         temporary = path.with_suffix(".tmp")
         temporary.write_text(json.dumps(record, indent=2))
         temporary.replace(path)
+        block = drafter.config.num_draft_tokens + 1
+        print(
+            f"[dspark_hf] cost table measured in {seconds:.1f} s: T_verify(1) {table.verify(1) * 1e3:.1f} ms, "
+            f"T_verify({block}) {table.verify(block) * 1e3:.1f} ms, T_draft {table.draft_seconds * 1e3:.1f} ms",
+            file=sys.stderr,
+            flush=True,
+        )
     drafter.cost_table = table
     return table

@@ -19,8 +19,9 @@ kwarg or in a GenerationConfig) wins; otherwise `drafter.generation_config` deci
   continuation from the context instead of the DSpark block (see `_plan`).
 
 When the drafter has STS temperatures (`drafter.calibration`), both schedulers
-read calibrated confidences; the records keep both. `generate(..., dspark_rounds=list)`
-collects this call's RoundRecords; `drafter.last_trace` holds the latest call's.
+read calibrated confidences; the records keep both. Each call's records go to its own
+CallTrace (`drafter.last_call`; `drafter.last_trace` reads its rounds), and with
+`generate(..., dspark_rounds=sink)` each also goes to `sink.append` as its round ends.
 """
 
 from __future__ import annotations
@@ -48,11 +49,27 @@ from .scheduling import (
     CostTable,
     DraftingGate,
     best_geometric_length,
+    block_may_win,
     cost_aware_length,
     geometric_expected,
+    ngram_wins,
     threshold_length,
 )
-from .trace import CUT_BUDGET, CUT_COST, CUT_GATE, CUT_NO_DRAFT, CUT_THRESHOLD, CUT_WHOLE, RoundRecord, RoundTrace
+from .timing import Stopwatch
+from .trace import (
+    CUT_BUDGET,
+    CUT_COST,
+    CUT_GATE,
+    CUT_NO_DRAFT,
+    CUT_THRESHOLD,
+    CUT_WHOLE,
+    SOURCE_DSPARK,
+    SOURCE_NGRAM,
+    SOURCE_NONE,
+    CallTrace,
+    PendingRecord,
+    RoundRecord,
+)
 
 SCHEDULER_FIELDS = ("assistant_confidence_threshold", "num_assistant_tokens", "dspark_scheduler", "dspark_ngram")
 # generate() kwargs that are ours, not transformers': the per-call settings above that GenerationConfig lacks, and
@@ -175,40 +192,41 @@ def forget_prefilled_cache(cache) -> None:
         cache.crop(-cache.get_seq_length())
 
 
-class Stopwatch:
-    """Marks on the device's clock: CUDA events where there is CUDA, read after the round; else the host's."""
+@dataclasses.dataclass
+class Proposal:
+    """What a round sends: its source, how many tokens and why that many, and the block or match they come from."""
 
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+    source: str  # a SOURCE_* name
+    budget: int
+    num_verified: int
+    cut: str
+    block: Optional[DraftBlock] = None  # SOURCE_DSPARK: the block
+    calibrated: Optional[list[float]] = None  # SOURCE_DSPARK: its confidences as the scheduler read them
+    match: Optional[Match] = None  # SOURCE_NGRAM: the continuation
 
-    def mark(self):
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
 
-    def seconds(self, start, end) -> float:
-        if not self.cuda:
-            return end - start
-        end.synchronize()
-        return start.elapsed_time(end) / 1000
+@dataclasses.dataclass(frozen=True)
+class NgramOffer:
+    """The context's n-gram continuation, cut where its expected tokens per second peak."""
+
+    match: Match
+    budget: int  # the longest continuation looked up
+    length: int  # its leading tokens worth sending
+    expected: float  # tokens a round sending them is expected to commit
+
+    def proposal(self) -> Proposal:
+        cut = CUT_WHOLE if self.length == len(self.match.tokens) else CUT_COST
+        return Proposal(SOURCE_NGRAM, self.budget, self.length, cut, match=self.match)
 
 
 @dataclasses.dataclass
 class Round:
-    """What one round proposed and sent, kept until transformers reports what survived."""
+    """A proposal sent, kept until transformers reports what survived."""
 
+    proposal: Proposal
     position: int  # the anchor's index
-    source: str  # "dspark", "ngram" or "none"
-    budget: int
-    num_verified: int
-    cut: str
     started: float  # host clock, for the gate
     marks: tuple  # Stopwatch marks: round start, candidates ready
-    block: Optional[DraftBlock] = None  # DSpark rounds: the block
-    calibrated: Optional[list[float]] = None  # DSpark rounds: its confidences as the scheduler read them
-    match: Optional[Match] = None  # n-gram rounds: the proposal
 
 
 class DSparkCandidateGenerator(CandidateGenerator):
@@ -223,7 +241,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
 
     Inside a round the host reads the device at most twice: the tokens the last round
     committed (for the n-gram index, only with hybrid drafting) and the confidences the
-    scheduler weighs. Each round's record is built from its tensors when the trace is read.
+    scheduler weighs. Each round's record is read from its tensors when first used (PendingRecord).
     """
 
     requires_model_outputs = True
@@ -237,7 +255,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.logits_processor = logits_processor
         self.do_sample = bool(generation_config.do_sample)
         # Greedy verification compares token ids only; q is needed to sample or to ensemble.
-        self.keep_q = self.do_sample or generation_config.assistant_ensemble_weight is not None
+        self.ensemble = generation_config.assistant_ensemble_weight is not None
+        self.keep_q = self.do_sample or self.ensemble
         self.max_length = generation_config.max_length
         self.threshold = float(scheduler_setting("assistant_confidence_threshold", generation_config, drafter) or 0.0)
         if not 0.0 <= self.threshold <= 1.0:
@@ -262,8 +281,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.clock = Stopwatch(drafter.device)
         self.pending: Optional[Round] = None
         self.rounds_sink = getattr(generation_config, "_dspark_rounds", None)
-        self.trace = RoundTrace()
-        drafter.last_trace, drafter.last_scheduler = self.trace, self.scheduler
+        self.call = drafter.last_call = CallTrace(self.scheduler)
 
     def _extend_context(self, input_ids: torch.Tensor, model_kwargs: dict, model_outputs) -> None:
         """Add the target's hidden states of the newly committed tokens before the anchor."""
@@ -296,47 +314,26 @@ class DSparkCandidateGenerator(CandidateGenerator):
         if self.ngram is not None:
             self.ngram.extend(input_ids[0, len(self.ngram.tokens) :].tolist())
         room = self.max_length - input_ids.shape[1] - 1
-        plan = self._plan(input_ids, min(self.cap, room), room)
-        if plan["source"] == "ngram":
-            start = plan["match"].start  # the proposal is already on the device: a slice of the context
-            proposal = input_ids[0, start : start + plan["num_verified"]]
-            q_logits = one_hot_logits(proposal, self.drafter.config.vocab_size) if self.keep_q else None
-        elif plan["source"] == "dspark":
-            block = plan["block"]
-            proposal = block.draft_ids[: plan["num_verified"]]
-            q_logits = block.draft_logits[: plan["num_verified"]] if self.keep_q else None
-        self.pending = Round(
-            position=input_ids.shape[1] - 1, started=started, marks=(start_mark, self.clock.mark()), **plan
-        )
-        if plan["num_verified"] == 0:
+        proposal = self._plan(input_ids, min(self.cap, room), room)
+        self.pending = Round(proposal, input_ids.shape[1] - 1, started, (start_mark, self.clock.mark()))
+        if proposal.num_verified == 0:
             return input_ids, None
-        candidates = torch.cat((input_ids, proposal.to(input_ids.device)[None]), dim=-1)
-        return candidates, None if q_logits is None else q_logits[None]
+        draft_ids, q_logits = self._sent(proposal, input_ids)
+        return torch.cat((input_ids, draft_ids.to(input_ids.device)[None]), dim=-1), q_logits
 
-    def _plan(self, input_ids: torch.Tensor, budget: int, room: int) -> dict:
-        """Choose this round's source and length; fields of a Round.
+    def _plan(self, input_ids: torch.Tensor, budget: int, room: int) -> Proposal:
+        """This round's proposal, from three decisions: is there an n-gram offer, is the gate open, which source wins.
 
         The choice between the sources reads only what is known before either proposes a
         token: the n-gram continuation (a function of the context), the running statistics,
         the cost table and DSpark's first confidence c_1. Which prefix of the DSpark block
         to send then follows the scheduler, whose decision about x_k reads c_1..c_k only.
         """
-        costs = self.costs
-        match, ngram_length, ngram_expected = None, 0, 0.0
-        ngram_budget = 0 if costs is None else min(MAX_PROPOSAL_TOKENS, room, len(costs.verify_seconds) - 1)
-        if self.ngram is not None and ngram_budget > 0:
-            match = self.ngram.lookup(ngram_budget)
-            if match is not None:
-                alpha = self.ngram_stats.alpha(match.match_length)
-                ngram_length, _ = best_geometric_length(alpha, costs, len(match.tokens))
-                ngram_expected = geometric_expected(alpha, ngram_length)
-                match = match if ngram_length > 0 else None
+        offer = self._ngram_offer(room)
         gate_open = self.gate is None or self.gate.should_draft()
         drafting = budget > 0 and gate_open
-        if drafting and match is not None:
-            # No draft pass when even a block that survives whole could not beat the n-gram proposal.
-            _, ceiling = best_geometric_length(1.0, costs, budget, costs.draft_seconds)
-            drafting = ceiling > ngram_expected / costs.verify(1 + ngram_length)
+        if drafting and offer is not None:  # no draft pass when even a block that survives whole could not win
+            drafting = block_may_win(self.costs, budget, offer.length, offer.expected)
         block = calibrated = None
         if drafting:
             chooser = DraftTokenChooser(
@@ -345,18 +342,41 @@ class DSparkCandidateGenerator(CandidateGenerator):
             )
             block = self.drafter.draft(input_ids[0, -1:], len(self.cache), self.cache, chooser)
             calibrated = self._calibrated(block)
-            if match is not None:
-                alpha = calibrated[0] if calibrated else self.dspark_stats.alpha(0)
-                _, dspark_rate = best_geometric_length(alpha, costs, budget, costs.draft_seconds)
-                ngram_rate = ngram_expected / (costs.draft_seconds + costs.verify(1 + ngram_length))
-                match = match if ngram_rate > dspark_rate else None
-        if match is not None:  # a DSpark block drafted to weigh c_1 is dropped
-            cut = CUT_WHOLE if ngram_length == len(match.tokens) else CUT_COST
-            return dict(source="ngram", budget=ngram_budget, num_verified=ngram_length, cut=cut, match=match)
+            first = calibrated[0] if calibrated else self.dspark_stats.alpha(0)
+            if offer is not None and not ngram_wins(self.costs, budget, offer.length, offer.expected, first):
+                offer = None
+        if offer is not None:  # a block drafted to weigh c_1 is dropped
+            return offer.proposal()
         if block is not None:
             length, cut = self._dspark_length(block, calibrated, budget)
-            return dict(source="dspark", budget=budget, num_verified=length, cut=cut, block=block, calibrated=calibrated)
-        return dict(source="none", budget=budget, num_verified=0, cut=CUT_NO_DRAFT if gate_open else CUT_GATE)
+            return Proposal(SOURCE_DSPARK, budget, length, cut, block=block, calibrated=calibrated)
+        return Proposal(SOURCE_NONE, budget, 0, CUT_NO_DRAFT if gate_open else CUT_GATE)
+
+    def _ngram_offer(self, room: int) -> Optional[NgramOffer]:
+        """The n-gram continuation worth sending, if the context has one (hybrid drafting only)."""
+        if self.ngram is None:
+            return None
+        budget = min(MAX_PROPOSAL_TOKENS, room, len(self.costs.verify_seconds) - 1)
+        match = self.ngram.lookup(budget)
+        if match is None:
+            return None
+        alpha = self.ngram_stats.alpha(match.match_length)
+        length, _ = best_geometric_length(alpha, self.costs, len(match.tokens))
+        return NgramOffer(match, budget, length, geometric_expected(alpha, length)) if length > 0 else None
+
+    def _sent(self, proposal: Proposal, input_ids: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The draft tokens a proposal sends, and their q as transformers takes it ([1, n, vocab]) or None.
+
+        An n-gram proposal is not drawn from a distribution: verifying it by matching the target's own
+        sample is exact, so it needs q (one-hot) only for ensemble verification."""
+        count = proposal.num_verified
+        if proposal.source == SOURCE_NGRAM:  # already on the device: a slice of the context
+            draft_ids = input_ids[0, proposal.match.start : proposal.match.start + count]
+            q_logits = one_hot_logits(draft_ids, self.drafter.config.vocab_size) if self.ensemble else None
+        else:
+            draft_ids = proposal.block.draft_ids[:count]
+            q_logits = proposal.block.draft_logits[:count] if self.keep_q else None
+        return draft_ids, None if q_logits is None else q_logits[None]
 
     def _calibrated(self, block: DraftBlock) -> Optional[list[float]]:
         """The confidences as the scheduler reads them (STS applied): the round's one read of the drafter's output."""
@@ -382,37 +402,39 @@ class DSparkCandidateGenerator(CandidateGenerator):
         if self.pending is None:  # the prefill round drafts nothing
             return
         end_mark = self.clock.mark()
-        plan, self.pending = self.pending, None
-        seconds = time.perf_counter() - plan.started
-        committed = input_ids.shape[1] - plan.position - 1
-        if plan.source == "ngram":
-            self.ngram_stats.record(plan.match.match_length, plan.num_verified, int(num_matches))
-        elif plan.source == "dspark":
-            self.dspark_stats.record(0, plan.num_verified, int(num_matches))
-        if self.gate is not None and plan.source != "ngram":
-            self.gate.record(plan.source == "dspark", committed, seconds)
-        committed_ids = input_ids[0, plan.position + 1 :]
-        self.trace.add(lambda: self._record(plan, committed_ids, int(num_matches), end_mark))
+        sent, self.pending = self.pending, None
+        proposal, accepted = sent.proposal, int(num_matches)
+        seconds = time.perf_counter() - sent.started
+        if proposal.source == SOURCE_NGRAM:
+            self.ngram_stats.record(proposal.match.match_length, proposal.num_verified, accepted)
+        elif proposal.source == SOURCE_DSPARK:
+            self.dspark_stats.record(0, proposal.num_verified, accepted)
+        if self.gate is not None and proposal.source != SOURCE_NGRAM:
+            self.gate.record(proposal.source == SOURCE_DSPARK, input_ids.shape[1] - sent.position - 1, seconds)
+        committed_ids = input_ids[0, sent.position + 1 :]
+        record = PendingRecord(lambda: self._record(sent, committed_ids, accepted, end_mark))
+        self.call.rounds.append(record)
         if self.rounds_sink is not None:
-            self.rounds_sink.append(self.trace[-1])
+            self.rounds_sink.append(record)
 
-    def _record(self, plan: Round, committed_ids: torch.Tensor, num_accepted: int, end_mark) -> RoundRecord:
-        block, match = plan.block, plan.match
+    def _record(self, sent: Round, committed_ids: torch.Tensor, num_accepted: int, end_mark) -> RoundRecord:
+        proposal = sent.proposal
+        block, match = proposal.block, proposal.match
         if match is not None:
             draft_ids = match.tokens
         else:
             draft_ids = block.draft_ids.tolist() if block is not None else []
         confidences = block.confidences.tolist() if block is not None and block.confidences is not None else []
-        start, drafted = plan.marks
+        start, drafted = sent.marks
         return RoundRecord(
-            position=plan.position,
-            source=plan.source,
+            position=sent.position,
+            source=proposal.source,
             draft_ids=draft_ids,
             confidences=confidences,
-            calibrated=plan.calibrated or [],
-            budget=plan.budget,
-            num_verified=plan.num_verified,
-            cut=plan.cut,
+            calibrated=proposal.calibrated or [],
+            budget=proposal.budget,
+            num_verified=proposal.num_verified,
+            cut=proposal.cut,
             num_accepted=num_accepted,
             committed_ids=committed_ids.tolist(),
             draft_seconds=self.clock.seconds(start, drafted),

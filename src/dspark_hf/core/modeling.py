@@ -28,6 +28,7 @@ from torch import nn
 from .config import DSparkConfig
 from .sampling import DraftTokenChooser
 from .scheduling import default_generation_config
+from .trace import CallTrace, RoundRecord
 
 
 class RMSNorm(nn.Module):
@@ -316,11 +317,20 @@ class DraftModel(nn.Module):
         # parameters() and .to() of the drafter never see or copy them.
         self.__dict__["target"] = target
         self.generation_config = default_generation_config(config)
-        self.last_trace: list = []  # one RoundRecord per drafting round of the latest generate() call
-        self.last_scheduler: Optional[str] = None  # the scheduler that call used ("auto" resolved)
+        self.last_call: Optional[CallTrace] = None  # the latest generate() call's own record, made by that call
         self.compiled_pass: Optional[Callable] = None  # draft_pass compiled by compile_draft()
         self.calibration = None  # STS temperatures, read from dspark_calibration.json when the checkpoint has one
         self.cost_table = None  # verify/draft timings for the cost scheduler: profiled on first use, or assigned
+
+    @property
+    def last_trace(self) -> list[RoundRecord]:
+        """The latest generate() call's RoundRecords, one per drafting round."""
+        return self.last_call.rounds if self.last_call is not None else []
+
+    @property
+    def last_scheduler(self) -> Optional[str]:
+        """The scheduler the latest generate() call used ("auto" resolved)."""
+        return self.last_call.scheduler if self.last_call is not None else None
 
     # ---------------------------------------------------------- shared modules
     @property

@@ -117,18 +117,3 @@ class DraftTokenChooser:
         rows = torch.cat(self.q_rows)
         return self.full_vocabulary(rows) if self.prefix_free else rows
 
-
-def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """0.5 * ||p - q||_1 over the last axis: 1 - TV is the chance a token drawn from q survives against p."""
-    return 0.5 * (p - q).abs().sum(dim=-1)
-
-
-def expected_accepted_length(survival: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Expected tokens per round, bonus included, from per-position survival chances [..., n].
-
-    A draft token counts only if every earlier one survived, so the expectation is
-    1 + sum_k prod_{i<=k} survival_i. Masked-out positions end the block.
-    """
-    if mask is not None:
-        survival = survival * mask
-    return 1 + torch.cumprod(survival, dim=-1).sum(dim=-1)

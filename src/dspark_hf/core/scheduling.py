@@ -35,6 +35,16 @@ AUTO_COST_RATIO = 1.25
 # Hybrid drafting: each round may propose an n-gram continuation from the context instead of the DSpark block.
 DEFAULT_NGRAM = True
 
+# The scheduler choices the tools offer (bench, calibrate, the demo), as generate() kwargs. "full block"
+# sends every draft the drafter makes and no n-gram rounds: how a drafter's tau is defined.
+FULL_BLOCK = "full block"
+SCHEDULER_PRESETS = {
+    AUTO_SCHEDULER: {"dspark_scheduler": AUTO_SCHEDULER},
+    THRESHOLD_SCHEDULER: {"dspark_scheduler": THRESHOLD_SCHEDULER},
+    COST_SCHEDULER: {"dspark_scheduler": COST_SCHEDULER},
+    FULL_BLOCK: {"dspark_scheduler": THRESHOLD_SCHEDULER, "assistant_confidence_threshold": 0.0, "dspark_ngram": False},
+}
+
 
 def default_generation_config(config: DSparkConfig) -> GenerationConfig:
     """The drafter's own defaults for the scheduler fields, used when generate() does not set them."""
@@ -62,9 +72,10 @@ class CostTable:
         """T_verify(num_tokens): the target reads the anchor plus num_tokens - 1 draft tokens."""
         return self.verify_seconds[num_tokens - 1]
 
-    def drafted_round(self, num_verified: int) -> float:
-        """cost(l) = T_draft + T_verify(1 + l): a round that drafts and sends l tokens to the target."""
-        return self.draft_seconds + self.verify(1 + num_verified)
+    def rate(self, expected: float, num_verified: int, drafted: bool = False) -> float:
+        """Tokens per second of a round that commits `expected` tokens for T_verify(1 + num_verified), plus T_draft
+        when it `drafted`: the one measure every choice of a length or a source compares."""
+        return expected / ((self.draft_seconds if drafted else 0.0) + self.verify(1 + num_verified))
 
     def prefers_cost_scheduler(self, num_draft_tokens: int) -> bool:
         """What "auto" decides: is verifying a whole block much dearer than one token here?"""
@@ -88,31 +99,45 @@ def geometric_expected(alpha: float, length: int) -> float:
     return sum(alpha**j for j in range(length + 1))
 
 
-def best_geometric_length(alpha: float, costs: CostTable, cap: int, extra_seconds: float = 0.0) -> tuple[int, float]:
+def best_geometric_length(alpha: float, costs: CostTable, cap: int, drafted: bool = False) -> tuple[int, float]:
     """(l, rate): the proposal length l <= cap that commits most tokens per second if each survives with chance alpha.
 
-    A round sending l tokens commits 1 + alpha + ... + alpha^l tokens in `extra_seconds` + T_verify(1 + l);
-    l = 0 is one plain step. Both sources of hybrid drafting are weighed with it: the n-gram
-    source with its running acceptance for the match length (no draft pass), DSpark with its
-    first confidence, the one known before any draft token is drawn, plus its draft pass.
+    A round sending l tokens commits 1 + alpha + ... + alpha^l tokens (l = 0 is one plain step).
+    Both sources of hybrid drafting are weighed with it: the n-gram source with its running
+    acceptance for the match length (no draft pass), DSpark with its first confidence, the one
+    known before any draft token is drawn, plus its draft pass (`drafted`).
     """
     cap = max(0, min(cap, len(costs.verify_seconds) - 1))
-    best_length, best_rate = 0, 1.0 / (extra_seconds + costs.verify(1))
+    best_length, best_rate = 0, costs.rate(1.0, 0, drafted)
     expected, chance = 1.0, 1.0
     for length in range(1, cap + 1):
         chance *= alpha
         expected += chance  # geometric_expected(alpha, length)
-        rate = expected / (extra_seconds + costs.verify(1 + length))
+        rate = costs.rate(expected, length, drafted)
         if rate > best_rate:
             best_length, best_rate = length, rate
     return best_length, best_rate
+
+
+def block_may_win(costs: CostTable, budget: int, ngram_length: int, ngram_expected: float) -> bool:
+    """Whether a DSpark block that survives whole could beat an n-gram proposal of `ngram_length` tokens
+    sent without a draft pass; when not, the round skips drafting."""
+    _, ceiling = best_geometric_length(1.0, costs, budget, drafted=True)
+    return ceiling > costs.rate(ngram_expected, ngram_length)
+
+
+def ngram_wins(costs: CostTable, budget: int, ngram_length: int, ngram_expected: float, c1: float) -> bool:
+    """Whether the n-gram proposal commits more tokens per second than the block drafted beside it, both after
+    its draft pass; the block is judged by `c1`, the one confidence known before any of its tokens is drawn."""
+    _, block_rate = best_geometric_length(c1, costs, budget, drafted=True)
+    return costs.rate(ngram_expected, ngram_length, drafted=True) > block_rate
 
 
 def cost_aware_length(confidences: Optional[Sequence[float]], costs: CostTable, cap: int) -> int:
     """Algorithm 1 with one request, looking ahead without anticipating.
 
     With survival a_j = prod_{i<=j} c_i, a round that verifies l tokens commits
-    E(l) = 1 + sum_{j<=l} a_j tokens in cost(l) = T_draft + T_verify(1 + l). At position j,
+    E(l) = 1 + sum_{j<=l} a_j tokens in T_draft + T_verify(1 + l). At position j,
     knowing c_1..c_j, x_j is kept when some length l >= j would beat stopping at j - 1 on
     E/cost, with the confidences after j taken to equal c_j: the real c_{j+1}.. are computed
     from x_j, so reading them here would anticipate. The walk stops at the first j that
@@ -124,13 +149,13 @@ def cost_aware_length(confidences: Optional[Sequence[float]], costs: CostTable, 
         return cap
     survival, expected = 1.0, 1.0
     for j in range(1, cap + 1):
-        stop_rate = expected / costs.drafted_round(j - 1)
+        stop_rate = costs.rate(expected, j - 1, drafted=True)
         c = float(confidences[j - 1])  # a list here; a tensor from callers outside the round
         best_rate, projected, chance = 0.0, expected, survival
         for length in range(j, cap + 1):  # c_j for position j, and as the estimate of every later one
             chance *= c
             projected += chance
-            best_rate = max(best_rate, projected / costs.drafted_round(length))
+            best_rate = max(best_rate, costs.rate(projected, length, drafted=True))
         if best_rate <= stop_rate:
             return j - 1
         survival *= c

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
+import threading
 from typing import Callable, Iterable, Optional
 
+# Where a round's proposal came from (RoundRecord.source).
+SOURCE_DSPARK = "dspark"  # a prefix of the drafter's block
+SOURCE_NGRAM = "ngram"  # the continuation of an earlier occurrence of the context's last tokens
+SOURCE_NONE = "none"  # nothing: the round is one plain step
 
 # Why a round sent as many draft tokens as it did (RoundRecord.cut).
 CUT_WHOLE = "whole"  # every proposed token
@@ -21,7 +25,7 @@ class RoundRecord:
     """One drafting round of one generate() call: what was proposed, what the scheduler sent, what survived."""
 
     position: int  # index of the round's anchor token in the sequence
-    source: str  # "dspark", "ngram", or "none" (the round proposed nothing)
+    source: str  # one of the SOURCE_* names above
     draft_ids: list[int]  # the whole proposal before scheduling (the DSpark block, or the n-gram continuation)
     confidences: list[float]  # raw c_k per proposed token (DSpark rounds with a confidence head); else empty
     calibrated: list[float]  # c_k as the scheduler read them (STS applied); else empty
@@ -37,41 +41,50 @@ class RoundRecord:
     match_length: int = 0  # n-gram rounds: how many trailing context tokens the match covered
 
 
-class RoundTrace(collections.abc.Sequence):
-    """A generate() call's RoundRecords, built from the rounds' device tensors only when first read.
+_FILLING = threading.Lock()
 
-    Each round leaves a function that makes its record; reading the trace runs the pending
-    ones, so a round's tensors are copied to the host after generation, not inside the loop.
+
+class PendingRecord(RoundRecord):
+    """A RoundRecord filled from its round's device tensors when a field is first read, not inside the round.
+
+    Handing it on (to the call's trace, to a `dspark_rounds` sink) costs the round no host read;
+    whoever reads it first -- after generate(), or the demo's page thread -- pays the copy, once.
     """
 
-    def __init__(self):
-        self._records: list[RoundRecord] = []
-        self._pending: list[Callable[[], RoundRecord]] = []
+    def __init__(self, make: Callable[[], RoundRecord]):
+        self._make = make
 
-    def add(self, make_record: Callable[[], RoundRecord]) -> None:
-        self._pending.append(make_record)
+    def __getattribute__(self, name):
+        state = object.__getattribute__(self, "__dict__")
+        if "_make" in state:
+            with _FILLING:
+                if "_make" in state:
+                    state.update(vars(state["_make"]()))
+                    del state["_make"]
+        return object.__getattribute__(self, name)
 
-    def _materialize(self) -> list[RoundRecord]:
-        if self._pending:
-            self._records.extend(make() for make in self._pending)
-            self._pending.clear()
-        return self._records
+    def __eq__(self, other):
+        if not isinstance(other, RoundRecord):
+            return NotImplemented
+        return dataclasses.astuple(self) == dataclasses.astuple(other)
 
-    def __getitem__(self, index):
-        return self._materialize()[index]
+    __hash__ = None
 
-    def __len__(self) -> int:
-        return len(self._records) + len(self._pending)
 
-    def __repr__(self) -> str:
-        return f"RoundTrace({self._materialize()!r})"
+@dataclasses.dataclass
+class CallTrace:
+    """What one generate() call with a DSpark drafter did: the scheduler it used ("auto" resolved) and its rounds."""
+
+    scheduler: str
+    rounds: list[RoundRecord] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
 class TraceSummary:
     rounds: int
     tau: float  # mean accepted length per round, bonus included
-    acceptance_per_position: list[Optional[float]]  # P(accept k | accepted 1..k-1 and k verified)
+    acceptance_per_position: list[Optional[float]]  # P(accept k | accepted 1..k-1 and k verified), k up to
+    # the deepest position any round sent (None: sent, but never reached)
     verify_rate: float  # accepted draft tokens / verified draft tokens
     committed_tokens: int
     draft_seconds: float
@@ -82,7 +95,7 @@ def summarize(trace: Iterable[RoundRecord]) -> TraceSummary:
     records = list(trace)
     if not records:
         return TraceSummary(0, 0.0, [], 0.0, 0, 0.0, 0.0)
-    depth = max(len(r.draft_ids) for r in records)
+    depth = max(r.num_verified for r in records)
     acceptance: list[Optional[float]] = []
     for k in range(1, depth + 1):
         reached = [r for r in records if r.num_verified >= k and r.num_accepted >= k - 1]

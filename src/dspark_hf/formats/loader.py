@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
@@ -269,6 +270,10 @@ class DSparkDrafter(DraftModel):
         target.generate(**inputs, assistant_model=drafter)
     """
 
+    def __init__(self, config: DSparkConfig, target):
+        # It speaks the target's tokenizer; transformers' pipelines compare the two configs' special tokens.
+        super().__init__(config.with_tokens_of(target.config), target)
+
     @classmethod
     def from_pretrained(
         cls,
@@ -307,12 +312,16 @@ class DSparkDrafter(DraftModel):
             qk_norm=config.qk_norm and any(name.endswith("self_attn.q_norm.weight") for name in stored),
         )
         validate_against_target(config, target, source, layout)
-        drafter = cls(config, target)
+        # Shapes only: weights initialised and then overwritten would cost an 8B-sized drafter a minute of CPU and
+        # a float32 copy of itself beside the checkpoint's tensors.
+        with torch.device("meta"):
+            drafter = cls(config, target)
         expected = {key: value.shape for key, value in drafter.state_dict().items()}
         state = read_state_dict(directory, expected, target, check_shared_weights)
         if config.pruned:
             check_draft_vocabulary(state, config, source)
-        drafter.load_state_dict(state)
+        drafter.load_state_dict(state, assign=True)
+        drafter.rotary = type(drafter.rotary)(config)  # computed from the config, not stored
         drafter.to(device=placement(target), dtype=dtype or target.get_input_embeddings().weight.dtype).eval()
         drafter.name_or_path = str(name_or_path)
         drafter.calibration = load_calibration(directory, config.num_draft_tokens)  # STS temperatures, if calibrated
@@ -320,9 +329,13 @@ class DSparkDrafter(DraftModel):
         return drafter
 
     def save_pretrained(
-        self, save_directory, *, format: str = "deepspec", include_shared_weights: bool = False, dtype=None
+        self, save_directory, *, format: str = "deepspec", include_shared_weights: bool = False, dtype=None,
+        max_shard_size: int | str = "5GB",
     ) -> None:
         """Write config.json and model.safetensors in a published layout: 'deepspec' or 'speculators'.
+
+        Weights over `max_shard_size` go into several safetensors files with the usual
+        model.safetensors.index.json, as transformers writes them.
 
         `include_shared_weights` adds copies of the target's embedding and LM head, which
         DeepSpec's own loader expects; `dtype` casts the stored tensors. A pruned draft
@@ -350,6 +363,13 @@ class DSparkDrafter(DraftModel):
             tensors["embed_tokens.weight"] = self.embed_tokens.weight.detach().to("cpu", dtype).clone()
             if not self.config.pruned:
                 tensors["lm_head.weight"] = self.target_lm_head.weight.detach().to("cpu", dtype).clone()
-        temporary = directory / "model.safetensors.tmp"
-        save_file(tensors, str(temporary), metadata={"format": "pt"})
-        os.replace(temporary, directory / "model.safetensors")
+        split = split_torch_state_dict_into_shards(tensors, max_shard_size=max_shard_size)
+        for filename, names in split.filename_to_tensors.items():
+            temporary = directory / (filename + ".tmp")
+            save_file({name: tensors[name] for name in names}, str(temporary), metadata={"format": "pt"})
+            os.replace(temporary, directory / filename)
+        if split.is_sharded:
+            index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+            (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        else:  # a stale index would point the loader at an earlier save's shards
+            (directory / "model.safetensors.index.json").unlink(missing_ok=True)

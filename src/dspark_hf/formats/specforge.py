@@ -25,10 +25,13 @@ LAYER_ID_FIELD, LAYER_ID_OFFSET = "dflash_config.target_layer_ids", 0
 
 
 def matches(raw: dict) -> bool:
-    return (
-        "DSparkDraftModel" in (raw.get("architectures") or [])
-        and isinstance(raw.get("dflash_config"), dict)
-        and "speculators_model_type" not in raw
+    """`DSparkDraftModel`, or (SpecForge's first DSpark exports, July 2026) `DFlashDraftModel` with the DSpark projector."""
+    nested = raw.get("dflash_config")
+    if not isinstance(nested, dict) or "speculators_model_type" in raw:
+        return False
+    architectures = raw.get("architectures") or []
+    return "DSparkDraftModel" in architectures or (
+        "DFlashDraftModel" in architectures and nested.get("projector_type") == "dspark"
     )
 
 

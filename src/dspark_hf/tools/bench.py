@@ -22,8 +22,9 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
-from ..core.costs import cpu_model
-from ..core.trace import RoundRecord, summarize
+from ..core.machine import cpu_model
+from ..core.scheduling import COST_SCHEDULER, FULL_BLOCK, SCHEDULER_PRESETS, THRESHOLD_SCHEDULER
+from ..core.trace import CallTrace, RoundRecord, summarize
 from ..formats.loader import DSparkDrafter
 from .errors import InputError, positive_int, probability
 from .exactness import find_divergence
@@ -42,6 +43,7 @@ DEFAULT_PROMPT_LOOKUP_TOKENS = 7
 # What may follow each method name: nothing, an optional "=VALUE", or a required one.
 METHOD_VALUES = {
     "plain": "none",
+    "plain-compiled": "none",
     "dspark": "none",
     "dspark-only": "none",
     "dspark-full": "none",
@@ -51,13 +53,11 @@ METHOD_VALUES = {
     "assistant": "required",
 }
 METHOD_HELP = (
-    "plain, dspark (the drafter's own defaults, as generate() runs it), dspark-only (the defaults without hybrid "
+    "plain, plain-compiled (transformers' static cache under torch.compile; its first call compiles), "
+    "dspark (the drafter's own defaults, as generate() runs it), dspark-only (the defaults without hybrid "
     "n-gram drafting), dspark-full (whole blocks), dspark@T "
     "(threshold T), dspark-cost, dflash[=DIR] (whole blocks), prompt-lookup[=N], assistant=MODEL"
 )
-# The threshold scheduler at threshold 0, without n-gram rounds: every token the drafter drafts is verified,
-# which is how the drafter's tau is defined.
-FULL_BLOCK = {"dspark_scheduler": "threshold", "assistant_confidence_threshold": 0.0, "dspark_ngram": False}
 TRACE_FIELDS = (
     "rounds", "rounds_by_source", "tau", "acceptance_per_position", "verify_rate", "draft_seconds", "verify_seconds",
     "draft_share",
@@ -156,7 +156,7 @@ def parse_method(label: str) -> tuple[str, Optional[str]]:
         threshold = label.removeprefix("dspark@")
         try:
             probability(threshold)  # the rule --threshold follows
-        except (ValueError, argparse.ArgumentTypeError):
+        except argparse.ArgumentTypeError:
             raise ValueError(f"method {label!r}: the threshold after '@' must be a number in [0, 1]") from None
         return "dspark", threshold
     kind, _, value = label.partition("=")
@@ -174,7 +174,8 @@ class Method:
 
     label: str
     generate_kwargs: dict
-    drafter: Optional[object] = None  # a DSparkDrafter; its last_trace holds the rounds of the latest call
+    drafter: Optional[object] = None  # a DSparkDrafter; its last_call records the latest call
+    first_call_seconds: Optional[float] = None  # the warm-up call: what compiling costs a compiled method
 
 
 def missing_drafter(kind: str) -> str:
@@ -228,28 +229,40 @@ def assistant_kwargs(name: str, target, tokenizer) -> dict:
     return kwargs
 
 
+def compiled_plain_kwargs() -> dict:
+    """Plain decoding compiled as transformers offers it: a static cache, and the forward under torch.compile,
+    on any device (transformers compiles on GPUs only unless told)."""
+    from transformers import CompileConfig
+
+    compile_config = CompileConfig()
+    compile_config._compile_all_devices = True  # transformers' own switch for compiling off a GPU
+    return {"cache_implementation": "static", "compile_config": compile_config}
+
+
 def prepare_method(label: str, load_drafter: Callable, target, tokenizer=None) -> Method:
     kind, value = parse_method(label)
     if kind == "plain":
         return Method(label, {})
+    if kind == "plain-compiled":
+        return Method(label, compiled_plain_kwargs())
     if kind == "prompt-lookup":
         return Method(label, {"prompt_lookup_num_tokens": int(value or DEFAULT_PROMPT_LOOKUP_TOKENS)})
     if kind == "assistant":
         return Method(label, assistant_kwargs(value, target, tokenizer))
     if kind == "dflash":
         drafter = load_drafter("dflash", value)
-        return Method(label, {"assistant_model": drafter, **FULL_BLOCK}, drafter)
+        return Method(label, {"assistant_model": drafter, **SCHEDULER_PRESETS[FULL_BLOCK]}, drafter)
     drafter = load_drafter("dspark")
     if kind == "dspark" and value is None:  # nothing set: what generate() does with this drafter
         return Method(label, {"assistant_model": drafter}, drafter)
     if kind == "dspark-only":  # the same, the drafter alone: no n-gram rounds
         return Method(label, {"assistant_model": drafter, "dspark_ngram": False}, drafter)
     if kind == "dspark":
-        settings = {"dspark_scheduler": "threshold", "assistant_confidence_threshold": float(value)}
+        settings = {**SCHEDULER_PRESETS[THRESHOLD_SCHEDULER], "assistant_confidence_threshold": float(value)}
     elif kind == "dspark-full":
-        settings = FULL_BLOCK
+        settings = SCHEDULER_PRESETS[FULL_BLOCK]
     else:  # dspark-cost: the hardware-aware scheduler, profiled for this device on first use
-        settings = {"dspark_scheduler": "cost"}
+        settings = SCHEDULER_PRESETS[COST_SCHEDULER]
     return Method(label, {"assistant_model": drafter, **settings}, drafter)
 
 
@@ -261,9 +274,8 @@ class Runs:
     """Everything one method produced on one prompt set, prompt by prompt."""
 
     timings: list[Timing] = dataclasses.field(default_factory=list)
-    traces: list[list[RoundRecord]] = dataclasses.field(default_factory=list)
     outputs: list[list[int]] = dataclasses.field(default_factory=list)
-    schedulers: set[str] = dataclasses.field(default_factory=set)  # the ones its calls used (one drafter serves several methods)
+    calls: list[CallTrace] = dataclasses.field(default_factory=list)  # a drafter method's own record of each call
 
 
 def describe_mode(temperature: float) -> str:
@@ -272,12 +284,11 @@ def describe_mode(temperature: float) -> str:
 
 def generate_once(
     target, prompt_ids: list[int], method: Method, generation: dict
-) -> tuple[list[int], Timing, list, Optional[str]]:
-    """New tokens, wall time, drafting rounds and scheduler of one generate() call."""
+) -> tuple[list[int], Timing, Optional[CallTrace]]:
+    """New tokens, wall time and, with a drafter, the call's record (its scheduler and rounds) of one generate()."""
     new_tokens, seconds = timed_generate(target, prompt_ids, **generation, **method.generate_kwargs)
-    if method.drafter is None:
-        return new_tokens, Timing(len(new_tokens), seconds), [], None
-    return new_tokens, Timing(len(new_tokens), seconds), list(method.drafter.last_trace), method.drafter.last_scheduler
+    call = method.drafter.last_call if method.drafter is not None else None
+    return new_tokens, Timing(len(new_tokens), seconds), call
 
 
 def measure(
@@ -293,7 +304,7 @@ def measure(
     for number, method in enumerate(methods, start=1):
         if progress:
             print(f"dspark bench: warming up {method.label} ({number}/{len(methods)})", file=sys.stderr, flush=True)
-        generate_once(target, first_prompt, method, generation)
+        method.first_call_seconds = generate_once(target, first_prompt, method, generation)[1].seconds
     runs = {name: {method.label: Runs() for method in methods} for name in prompt_sets}
     prompt_number = itertools.count()
     with tqdm(total=len(all_prompts), desc="bench", unit="prompt", disable=not progress) as bar:
@@ -303,13 +314,12 @@ def measure(
                 number = next(prompt_number)
                 for method in rotated(methods, number):
                     torch.manual_seed(seed + number)  # with sampling, every method draws from the same seed
-                    tokens, timing, trace, scheduler = generate_once(target, prompt_ids, method, generation)
+                    tokens, timing, call = generate_once(target, prompt_ids, method, generation)
                     record = runs[name][method.label]
                     record.timings.append(timing)
-                    record.traces.append(trace)
                     record.outputs.append(tokens)
-                    if scheduler is not None:
-                        record.schedulers.add(scheduler)
+                    if call is not None:
+                        record.calls.append(call)
                 bar.update()
     return runs
 
@@ -339,14 +349,16 @@ def result_rows(
         plain = by_method["plain"]
         for method in methods:
             measured = by_method[method.label]
-            traces = measured.traces if method.drafter is not None else None
+            traces = [call.rounds for call in measured.calls] if method.drafter is not None else None
             differing = divergences(target, prompt_sets[name], measured.outputs, plain.outputs) if greedy else None
             rows.append(
                 {
                     "prompt_set": name,
                     "method": method.label,
-                    "scheduler": "/".join(sorted(measured.schedulers)) or None,
+                    "scheduler": "/".join(sorted({call.scheduler for call in measured.calls})) or None,
                     **method_metrics(measured.timings, plain.timings, traces),
+                    "speedup_vs_compiled": median(speedups(measured.timings, by_method["plain-compiled"].timings))
+                    if "plain-compiled" in by_method else None,
                     "greedy_mismatches": len(differing) if greedy else None,
                     "divergences": differing,
                 }
@@ -423,11 +435,16 @@ def benchmark(
             "tokens/s and speed-up are medians over prompts; round statistics pool all rounds of a set",
         },
         "results": rows,
+        "first_call_seconds": {method.label: method.first_call_seconds for method in methods},
         "greedy_mismatches": sum(row["greedy_mismatches"] for row in rows) if greedy else None,
     }
 
 
 # ------------------------------------------------------------------ reporting
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' * (count != 1)}"
 
 
 def format_number(value: Optional[float], digits: int = 2, suffix: str = "") -> str:
@@ -444,7 +461,7 @@ def format_split(row: dict) -> str:
 
 def markdown_row(row: dict) -> str:
     acceptance = list(row["acceptance_per_position"] or [])
-    while acceptance and acceptance[-1] is None:  # positions no round reached (long n-gram proposals leave many)
+    while acceptance and acceptance[-1] is None:  # sent, but no round got that far
         acceptance.pop()
     cells = [
         row["prompt_set"],
@@ -468,7 +485,8 @@ def render_markdown(report: dict) -> str:
     lines = [
         f"# dspark bench — {environment['hardware']}",
         "",
-        f"{environment['processor']}, {environment['cpu_count']} CPUs, {environment['torch_threads']} torch threads; "
+        f"{environment['processor']}, {plural(environment['cpu_count'], 'CPU')}, "
+        f"{plural(environment['torch_threads'], 'torch thread')}; "
         f"{environment['device']}, {environment['dtype']}; torch {environment['torch']}, "
         f"transformers {environment['transformers']}. {settings['max_new_tokens']} new tokens, "
         "prompts per set: " + ", ".join(f"{name} {count}" for name, count in settings["prompt_sets"].items()) + ".",
@@ -478,6 +496,11 @@ def render_markdown(report: dict) -> str:
         header,
         *(markdown_row(row) for row in report["results"]),
     ]
+    compiled = [row for row in report["results"] if row.get("speedup_vs_compiled") is not None]
+    if compiled:
+        lines += ["", "Speed-up against plain-compiled (median): " + ", ".join(
+            f"{row['prompt_set']} {row['method']} {format_number(row['speedup_vs_compiled'], 2, '×')}" for row in compiled
+        ) + f". Its first call, which compiles, took {report['first_call_seconds']['plain-compiled']:.1f} s."]
     if report["greedy_mismatches"] is not None:
         verdict = "identical to plain" if report["greedy_mismatches"] == 0 else "NOT identical to plain"
         lines += ["", f"Greedy outputs {verdict}: {report['greedy_mismatches']} mismatching prompt(s)."]

@@ -1,6 +1,6 @@
 """`dspark calibrate`: collect greedy rounds on held-out prompts, fit STS, write the file and its report.
 
-The math and the file format are in `dspark_hf.core.calibration`; this module runs
+The fit is in `sts.py` and the file format in `dspark_hf.core.calibration`; this module runs
 generation to observe survival, and draws the per-position table and diagram.
 """
 
@@ -16,19 +16,13 @@ import torch
 from tqdm import tqdm
 from transformers import GenerationConfig
 
-from ..core.calibration import (
-    CALIBRATION_FILE,
-    DEFAULT_BINS,
-    Calibration,
-    RoundOutcomes,
-    calibrate,
-    prefix_survival,
-    reliability_curve,
-)
+from ..core.calibration import CALIBRATION_FILE, DEFAULT_BINS, Calibration
 from ..core.costs import cost_table_path, profile_costs
+from ..core.scheduling import FULL_BLOCK, SCHEDULER_PRESETS
 from .errors import InputError, positive_int
 from .options import add_model_arguments, load_pair_from_args
 from .prompts import read_prompts, render_prompt
+from .sts import RoundOutcomes, calibrate, prefix_survival, reliability_curve
 from .targets import shipped_drafter_path
 
 REPORT_FILE = "dspark_calibration.md"
@@ -109,13 +103,11 @@ def collect_rounds(target, drafter, prompts_ids: list[list[int]], max_new_tokens
     an accepted draft token as the target's own, so its outcome is not a clean
     observation.
     """
-    settings = GenerationConfig(
+    settings = GenerationConfig(  # the drafter's own rounds only: n-gram rounds carry no confidences
         do_sample=False,
         max_new_tokens=max_new_tokens,
-        dspark_scheduler="threshold",
-        assistant_confidence_threshold=0.0,
-        dspark_ngram=False,  # the drafter's own rounds only: n-gram rounds carry no confidences
         num_assistant_tokens=drafter.config.num_draft_tokens,
+        **SCHEDULER_PRESETS[FULL_BLOCK],
     )
     per_prompt = []
     for ids in tqdm(prompts_ids, desc="calibration rounds", file=sys.stderr):

@@ -15,31 +15,37 @@ class InputError(ValueError):
 USER_ERRORS = (CheckpointError, InputError, FileNotFoundError)
 
 
-# argparse types: a bad value is one line naming the option, before any model loads.
+# argparse types: a bad value is one line naming the option ("--x must be ..., got ..."), before any model loads.
+def checked(text: str, kind, words: str, holds) -> int | float:
+    """`text` read as a `kind` for which `holds(value)`; else the plain words of what it must be."""
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not holds(value):
+        raise argparse.ArgumentTypeError(f"must be {words}, got {text}")
+    return value
+
+
 def probability(text: str) -> float:
     """argparse type for confidence thresholds."""
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{value:g} is not in [0, 1]")
-    return value
+    return checked(text, float, "a number in [0, 1]", lambda value: 0.0 <= value <= 1.0)
 
 
 def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
-    return value
+    return checked(text, int, "a positive integer", lambda value: value >= 1)
 
 
 def port_number(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (1-65535)")
-    return value
+    return checked(text, int, "a TCP port (1-65535)", lambda value: 1 <= value <= 65535)
 
 
 def non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0.0:
-        raise argparse.ArgumentTypeError(f"{value:g} is not a number >= 0")
-    return value
+    return checked(text, float, "a number >= 0", lambda value: value >= 0.0)
+
+
+def non_empty(text: str) -> str:
+    """argparse type for a prompt: an empty one is refused, as the demo refuses it."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty: give the message to answer")
+    return text

@@ -3,30 +3,18 @@ thread choice, loading from parsed arguments, and the timed `generate()` call.""
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-import time
 
 import torch
 
+from ..core.timing import Stopwatch
 from .errors import non_negative_float, positive_int, probability
-from .targets import DEFAULT_TARGET, DTYPES, load_pair, load_target
-from .targets import resolve_dtype  # noqa: F401  (the tools' dtype rule; it lives in targets for load_default)
+from .targets import DEFAULT_TARGET, DTYPES, load_pair, load_target, set_threads
 
 THRESHOLD_HELP = (
     "assistant_confidence_threshold: draft tokens are verified while their calibrated confidence stays above it; "
     "unset: the drafter's generation_config"
 )
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows a default only where it says something: an unset option's help says what unset means instead."""
-
-    def _get_help_string(self, action):
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
 
 
 # ------------------------------------------------------------------ options
@@ -60,46 +48,9 @@ def add_sampling_arguments(parser, max_new_tokens: int = 128, threshold_help: st
 
 
 # ------------------------------------------------------------------ threads
-def default_threads(environ, cores: int, load: float, torch_default: int) -> tuple[int, str]:
-    """(threads, why) when --threads is not given; `load`: cores busy with other work right now.
-
-    OMP_NUM_THREADS, when set, is the user's own choice. Otherwise the cores other processes leave idle,
-    never more than torch's default (the physical cores). OpenMP threads that share a core with a busy process
-    wait for it at every barrier (two threads ran 13x slower than one next to a busy process), while on an
-    idle machine every core counts (a second thread made SmolLM2's bf16 verify 1.45x faster on a 2-core Xeon)."""
-    if environ.get("OMP_NUM_THREADS", "").isdigit() and int(environ["OMP_NUM_THREADS"]) > 0:
-        return int(environ["OMP_NUM_THREADS"]), "OMP_NUM_THREADS; --threads N to change"
-    return min(torch_default, max(1, cores - round(load))), f"{cores} cores, load {load:.1f}; --threads N to change"
-
-
-def busy_cores(seconds: float = 0.2) -> float:
-    """CPUs in use now, from two /proc/stat samples; the 1-minute load average where there is no /proc/stat.
-
-    A live sample, not the load average: that one still counts, for a minute, a job that has ended."""
-    def ticks() -> tuple[int, int]:
-        with open("/proc/stat", encoding="ascii") as stat:
-            fields = [int(value) for value in stat.readline().split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # all, idle + iowait
-
-    try:
-        total, idle = ticks()
-        time.sleep(seconds)
-        total_after, idle_after = ticks()
-    except (OSError, ValueError, IndexError):
-        return os.getloadavg()[0]
-    elapsed = max(1, total_after - total)
-    return (1 - (idle_after - idle) / elapsed) * (os.cpu_count() or 1)
-
-
 def apply_threads(args) -> str:
-    """Sets torch's CPU threads from --threads, else `default_threads`; returns how the count was chosen."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
-        return "set by --threads"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    threads, why = default_threads(os.environ, cores, busy_cores(), torch.get_num_threads())
-    torch.set_num_threads(threads)
-    return why
+    """Sets torch's CPU threads from --threads, else as `load_default` chooses them; returns how they were chosen."""
+    return set_threads(args.threads)
 
 
 def announce(args, target, threads_why: str, drafter=None) -> None:
@@ -150,17 +101,11 @@ def sampling_kwargs(temperature: float) -> dict:
     return {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed_generate(target, prompt_ids, **generate_kwargs) -> tuple[list[int], float]:
     """(new token ids, seconds) of one `target.generate()` on one prompt; GPU work is finished inside the timing."""
     ids = torch.tensor([list(prompt_ids)], device=target.device)
-    _synchronize(target.device)
-    started = time.perf_counter()
+    clock = Stopwatch(target.device)
+    started = clock.mark()
     output = target.generate(ids, attention_mask=torch.ones_like(ids), **generate_kwargs)
-    _synchronize(target.device)
-    seconds = time.perf_counter() - started
+    seconds = clock.seconds(started, clock.mark())
     return output[0, ids.shape[1]:].tolist(), seconds

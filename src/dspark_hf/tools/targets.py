@@ -16,13 +16,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from importlib import resources
 
 import torch
 
 from ..core.config import CheckpointError
-from ..core.costs import CACHE_ENV_VAR, cache_root
+from ..core.machine import CACHE_ENV_VAR, cache_root
 from ..formats.loader import DSparkDrafter, looks_like_path
 from .errors import InputError
 
@@ -203,20 +204,68 @@ def fast_drafter_dtype(target) -> torch.dtype:
     return dtype
 
 
-def load_default(dtype: str | torch.dtype = "auto"):
+def default_threads(environ, cores: int, load: float, torch_default: int) -> tuple[int, str]:
+    """(threads, why) when no count is given; `load`: cores busy with other work right now.
+
+    OMP_NUM_THREADS, when set, is the user's own choice. Otherwise the cores other processes leave idle,
+    never more than torch's default (the physical cores). OpenMP threads that share a core with a busy process
+    wait for it at every barrier (two threads ran 13x slower than one next to a busy process), while on an
+    idle machine every core counts (a second thread made SmolLM2's bf16 verify 1.45x faster on a 2-core Xeon)."""
+    if environ.get("OMP_NUM_THREADS", "").isdigit() and int(environ["OMP_NUM_THREADS"]) > 0:
+        return int(environ["OMP_NUM_THREADS"]), "OMP_NUM_THREADS; --threads N to change"
+    return min(torch_default, max(1, cores - round(load))), f"{cores} cores, load {load:.1f}; --threads N to change"
+
+
+def busy_cores(seconds: float = 0.2) -> float:
+    """CPUs in use now, from two /proc/stat samples; the 1-minute load average where there is no /proc/stat.
+
+    A live sample, not the load average: that one still counts, for a minute, a job that has ended."""
+    def ticks() -> tuple[int, int]:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # all, idle + iowait
+
+    try:
+        total, idle = ticks()
+        time.sleep(seconds)
+        total_after, idle_after = ticks()
+    except (OSError, ValueError, IndexError):
+        return os.getloadavg()[0]
+    elapsed = max(1, total_after - total)
+    return (1 - (idle_after - idle) / elapsed) * (os.cpu_count() or 1)
+
+
+def set_threads(threads: int | None = None) -> str:
+    """Sets torch's CPU threads to `threads`, else to `default_threads`; returns how the count was chosen.
+
+    The `dspark` commands and `load_default` choose alike, so on one machine they run at the same
+    count and share one cost table (its key holds the thread count)."""
+    if threads:
+        torch.set_num_threads(threads)
+        return "set by --threads"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    chosen, why = default_threads(os.environ, cores, busy_cores(), torch.get_num_threads())
+    torch.set_num_threads(chosen)
+    return why
+
+
+def load_default(dtype: str | torch.dtype = "auto", threads: int | None = None):
     """(target, tokenizer, drafter), offline, ready for `target.generate(..., assistant_model=drafter)`.
 
     `dtype` is the target's: 'auto' (bf16 on CPUs with native bf16 matmuls, see `resolve_dtype`),
-    a name or a torch dtype. The drafter takes `fast_drafter_dtype`.
+    a name or a torch dtype. The drafter takes `fast_drafter_dtype`. `threads` sets torch's CPU
+    threads; unset, they are chosen as the `dspark` commands choose them (`set_threads`).
     """
+    set_threads(threads)
     return load_pair(DEFAULT_TARGET, None, dtype=dtype)
 
 
-def check_target_name(name_or_path: str) -> None:
-    """Fail early, and clearly, on a target that names a local path which does not exist."""
-    if name_or_path != DEFAULT_TARGET and not os.path.isdir(os.path.expanduser(name_or_path)):
-        if looks_like_path(name_or_path):
-            raise CheckpointError(f"{os.path.abspath(os.path.expanduser(name_or_path))}: no such directory (--target).")
+def check_local_path(name_or_path, flag: str) -> None:
+    """Fail before any model loads, naming the flag, on a name that is a local path (./x, /x, ~/x, a/b/c) but no
+    directory; other names are Hub ids, fetched later."""
+    expanded = os.path.expanduser(str(name_or_path))
+    if not os.path.isdir(expanded) and looks_like_path(name_or_path):
+        raise CheckpointError(f"{os.path.abspath(expanded)}: no such directory ({flag}).")
 
 
 def load_target(
@@ -231,7 +280,7 @@ def load_target(
     if name_or_path == DEFAULT_TARGET:
         target, loaded_tokenizer = load_smollm2(dtype=dtype, device_map=device_map)
     else:
-        check_target_name(name_or_path)
+        check_local_path(name_or_path, "--target")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         where = dict(local_files_only=local_files_only)
@@ -256,7 +305,9 @@ def load_pair(
     """(target, tokenizer, drafter); no drafter named: the shipped one, for the default target only.
 
     The drafter sits on the device of the target's LM head, in `fast_drafter_dtype`."""
-    check_target_name(target_name)
+    check_local_path(target_name, "--target")
+    if drafter_name is not None:
+        check_local_path(drafter_name, "--drafter")
     if drafter_name is None and target_name != DEFAULT_TARGET:
         raise InputError(f"--drafter is needed with --target {target_name!r}; only {DEFAULT_TARGET!r} ships one.")
     target, tokenizer = load_target(

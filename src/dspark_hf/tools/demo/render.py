@@ -94,7 +94,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 def models_markdown(target, drafter) -> str:
     """What the page runs: the target's name, its dtype and device, the drafter's dtype, the CPU threads."""
     name = str(getattr(target.config, "_name_or_path", "") or type(target).__name__).rstrip("/").split("/")[-1]
-    threads = f" · {torch.get_num_threads()} CPU threads" if target.device.type == "cpu" else ""
+    count = torch.get_num_threads()
+    threads = f" · {count} CPU thread{'s' * (count != 1)}" if target.device.type == "cpu" else ""
     return (
         f"Target **{html.escape(name)}** in **{dtype_name(target.dtype)}** on {target.device} · "
         f"drafter in {dtype_name(drafter.dtype)}{threads} (`dspark demo --dtype`, `--threads` to change)"

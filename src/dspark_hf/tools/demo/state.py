@@ -11,12 +11,11 @@ import os
 import time
 from typing import Optional
 
-from ...core.scheduling import AUTO_SCHEDULER, COST_SCHEDULER, THRESHOLD_SCHEDULER
-from ...core.trace import RoundRecord
+from ...core.scheduling import FULL_BLOCK, SCHEDULER_PRESETS
+from ...core.trace import SOURCE_NGRAM, RoundRecord
 from ..exactness import Divergence, bf16_steps, first_difference
 
-FULL_BLOCK = "full block"  # the threshold scheduler at threshold 0: every draft up to the cap is verified
-SCHEDULER_CHOICES = (AUTO_SCHEDULER, THRESHOLD_SCHEDULER, COST_SCHEDULER, FULL_BLOCK)
+SCHEDULER_CHOICES = tuple(SCHEDULER_PRESETS)
 
 
 @dataclasses.dataclass
@@ -38,14 +37,15 @@ class Settings:
         return 0.0 if self.scheduler == FULL_BLOCK else self.threshold
 
     def scheduler_kwargs(self) -> dict:
-        """The generate() fields of this choice: passed explicitly, so the page shows exactly what ran."""
-        name = THRESHOLD_SCHEDULER if self.scheduler == FULL_BLOCK else self.scheduler
-        return dict(
-            dspark_scheduler=name,
-            assistant_confidence_threshold=self.threshold_used,
-            num_assistant_tokens=self.block_cap,
-            dspark_ngram=self.ngram,
-        )
+        """The generate() fields of this choice: passed explicitly, so the page shows exactly what ran.
+
+        The n-gram checkbox holds for every choice, "full block" included."""
+        return {
+            "assistant_confidence_threshold": self.threshold,
+            "num_assistant_tokens": self.block_cap,
+            **SCHEDULER_PRESETS[self.scheduler],
+            "dspark_ngram": self.ngram,
+        }
 
 
 @dataclasses.dataclass
@@ -81,7 +81,7 @@ class RoundView:
 
     @property
     def kept_origin(self) -> str:
-        return "ngram" if self.record.source == "ngram" else "accepted"
+        return "ngram" if self.record.source == SOURCE_NGRAM else "accepted"
 
 
 def kept_drafts(record: RoundRecord) -> int:

@@ -14,7 +14,7 @@ N processes compute the same steps as one, and `--resume` may change N.
 
 Loss per draft position k, weighted by exp(-(k-1)/gamma):
     0.1 * CE(ground truth) + 0.9 * ||p_draft - p_target||_1 + 1.0 * BCE(c_k, 1 - TV)
-The DFlash ablation keeps CE only.
+A DFlash drafter (no Markov head, no confidence head) keeps CE only.
 
 With `loss_vocab="responses"` every softmax in the loss (draft and target) runs over
 the tokens the target actually emitted in the training responses instead of the full
@@ -34,6 +34,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -41,12 +42,16 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from accelerate import PartialState
 from tqdm.auto import tqdm
 
-from ...core.config import DSparkConfig
+from ...core.config import DSparkConfig, zlab_default_layer_ids
 from ...core.generation import attach_to_target
-from ...core.sampling import expected_accepted_length
 from ...formats.loader import DSparkDrafter
+from ..errors import InputError, positive_int
+from ..options import announce, apply_threads
+from ..prompts import read_prompts
+from ..targets import DTYPES, load_target
 from .processes import process_state, sum_across, sum_gradients
 
 CHECKPOINT_DIR = "checkpoint"
@@ -239,7 +244,18 @@ def teacher_forced_blocks(drafter: DSparkDrafter, ids, features, anchors, loss_i
     return Blocks(logits, confidences, ids[safe_labels], valid, final_hidden[0, safe_labels - 1].to(device))
 
 
-def sequence_loss(drafter: DSparkDrafter, ids: torch.Tensor, features, anchors, settings, dflash, loss_ids=None):
+def expected_accepted_length(survival: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Expected tokens per round, bonus included, from per-position survival chances [..., n].
+
+    A draft token counts only if every earlier one survived, so the expectation is
+    1 + sum_k prod_{i<=k} survival_i. Masked-out positions end the block.
+    """
+    if mask is not None:
+        survival = survival * mask
+    return 1 + torch.cumprod(survival, dim=-1).sum(dim=-1)
+
+
+def sequence_loss(drafter: DSparkDrafter, ids: torch.Tensor, features, anchors, settings, loss_ids=None):
     """Loss terms and the expected tau for the blocks of one sequence.
 
     `loss_ids` (on the drafter's device) are the target ids every softmax runs over: a
@@ -262,6 +278,7 @@ def sequence_loss(drafter: DSparkDrafter, ids: torch.Tensor, features, anchors, 
     l1 = (out.logits.softmax(-1) - target_probs).abs().sum(-1)
     survival = (1 - 0.5 * l1).detach()
     terms = {"ce": (ce * weights).sum() / total_weight, "l1": (l1 * weights).sum() / total_weight}
+    dflash = drafter.markov_head is None and drafter.confidence_head is None
     loss = terms["ce"] if dflash else settings.ce_weight * terms["ce"] + settings.l1_weight * terms["l1"]
     if out.confidence_logits is not None:
         bce = F.binary_cross_entropy_with_logits(out.confidence_logits, survival, reduction="none")
@@ -342,22 +359,82 @@ def learning_rate(step: int, settings: TrainSettings) -> float:
     return settings.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def save_checkpoint(out_dir: Path, drafter, optimizer, step: int, settings: TrainSettings, arch: str) -> None:
+@dataclasses.dataclass
+class Training:
+    """What every step of one run reads: the drafter and its optimizer, the data, the processes, where it writes."""
+
+    drafter: DSparkDrafter
+    optimizer: torch.optim.Optimizer
+    learned: list[torch.nn.Parameter]
+    records: list[dict]
+    store: FeatureStore
+    loss_ids: Optional[torch.Tensor]  # the target ids the loss's softmaxes run over; None: all
+    settings: TrainSettings
+    state: PartialState
+    device: torch.device
+    out_dir: Path
+    eval_records: list[dict]  # this process's share of the held-out answers
+    evaluates: bool  # some process holds held-out answers (then every process takes part in the evaluation)
+
+
+def save_checkpoint(training: Training, step: int) -> None:
     """Weights and trainer state side by side, swapped in atomically so a kill never leaves half a checkpoint."""
+    out_dir = training.out_dir
     final = out_dir / CHECKPOINT_DIR
     staging = out_dir / (CHECKPOINT_DIR + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    drafter.save_pretrained(staging)
-    torch.save(
-        {"step": step, "optimizer": optimizer.state_dict(), "settings": dataclasses.asdict(settings), "arch": arch},
-        staging / STATE_FILE,
-    )
+    training.drafter.save_pretrained(staging)
+    settings = dataclasses.asdict(training.settings)
+    torch.save({"step": step, "optimizer": training.optimizer.state_dict(), "settings": settings}, staging / STATE_FILE)
     previous = out_dir / (CHECKPOINT_DIR + ".old")
     shutil.rmtree(previous, ignore_errors=True)
     if final.exists():
         os.replace(final, previous)
     os.replace(staging, final)
     shutil.rmtree(previous, ignore_errors=True)
+
+
+def starting_point(target, records, out_dir: Path, config, settings: TrainSettings, resume: bool, init_from, device):
+    """(drafter, first step, optimizer state or None): the checkpoint to resume, trained weights, or fresh ones."""
+    checkpoint = out_dir / CHECKPOINT_DIR
+    if resume and (checkpoint / STATE_FILE).is_file():
+        resumed = torch.load(checkpoint / STATE_FILE, map_location=device)
+        drafter = DSparkDrafter.from_pretrained(checkpoint, target, dtype=torch.float32)
+        return drafter, resumed["step"], resumed["optimizer"]
+    if init_from is not None:
+        drafter = DSparkDrafter.from_pretrained(init_from, target, dtype=torch.float32)
+        if config is not None and config.pruned and config.draft_vocab_size != drafter.config.draft_vocab_size:
+            drafter = pruned(drafter, answer_vocabulary(records, drafter.config.vocab_size, config.draft_vocab_size))
+        return drafter, 0, None
+    if config is None:
+        raise ValueError(f"No checkpoint to resume in {checkpoint}; pass a DSparkConfig to start a new run.")
+    torch.manual_seed(settings.seed)  # the same settings always start from the same weights
+    drafter = DSparkDrafter(dataclasses.replace(config, draft_vocab_size=None), target)
+    if settings.init == "target":
+        init_from_target(drafter, target)
+    if config.pruned:  # FR-Spec: the most frequent answer tokens
+        drafter = pruned(drafter, answer_vocabulary(records, config.vocab_size, config.draft_vocab_size))
+    return drafter, 0, None
+
+
+def loss_vocabulary(drafter: DSparkDrafter, records: list[dict], settings: TrainSettings) -> Optional[torch.Tensor]:
+    """The target ids the loss scores: a pruned drafter's own, the answers' (loss_vocab="responses"), or None: all."""
+    if drafter.config.pruned:
+        return drafter.draft_token_ids()
+    return answer_vocabulary(records, drafter.config.vocab_size) if settings.loss_vocab == "responses" else None
+
+
+def trainable_parameters(drafter: DSparkDrafter, settings: TrainSettings) -> list[torch.nn.Parameter]:
+    """What the optimizer moves: all but a pruned drafter's LM-head rows (the target's, which FR-Spec keeps),
+    or with trainable="confidence" the confidence head alone."""
+    if drafter.config.pruned:
+        drafter.lm_head.weight.requires_grad_(False)
+    if settings.trainable == "confidence":
+        if drafter.confidence_head is None:
+            raise ValueError("trainable='confidence' needs a drafter with a confidence head (this one has none).")
+        for name, param in drafter.named_parameters():
+            param.requires_grad_(name.startswith("confidence_head."))
+    return [param for param in drafter.parameters() if param.requires_grad]
 
 
 def autocast_context(device: torch.device, setting: str):
@@ -373,12 +450,78 @@ def window_means(window: dict[str, list[float]], state, device) -> dict[str, flo
     return {name: total / count for name, (total, count) in zip(TERMS, totals) if count > 0}
 
 
-def announce(state, settings: TrainSettings, device: torch.device) -> None:
+def announce_processes(state, settings: TrainSettings, device: torch.device) -> None:
     """One line at the start: the process count and the global batch, so a launch that did not go as meant shows."""
     processes = f"{state.num_processes} process{'es' * (state.num_processes != 1)}"
     per_process = math.ceil(settings.sequences_per_step / state.num_processes)
     print(f"dspark train: {processes}, global batch {settings.sequences_per_step} (at most {per_process} per process, "
           f"one sequence per pass), on {device}", file=sys.stderr, flush=True)
+
+
+def train_step(training: Training, step: int, window: dict[str, list[float]]) -> None:
+    """One optimizer step: this process's slots of the global batch, then the gradients summed over the processes."""
+    settings, state = training.settings, training.state
+    for group in training.optimizer.param_groups:
+        group["lr"] = learning_rate(step, settings)
+    training.optimizer.zero_grad(set_to_none=True)
+    for slot in range(state.process_index, settings.sequences_per_step, state.num_processes):
+        record = training.records[sequence_order(step, slot, settings, len(training.records))]
+        ids = sequence_ids(record, settings)
+        generator = torch.Generator().manual_seed(settings.seed * 7919 + step * 131 + slot)
+        anchors = sample_anchors(len(record["prompt_ids"]), len(ids), settings.anchors_per_sequence, generator)
+        if anchors is None:
+            continue
+        features = training.store.get(ids)
+        with autocast_context(training.device, settings.autocast):
+            loss, terms = sequence_loss(training.drafter, ids, features, anchors, settings, training.loss_ids)
+        (loss / settings.sequences_per_step).backward()
+        for name, value in terms.items():
+            window.setdefault(name, []).append(value.item())
+    sum_gradients(training.learned, state)
+    torch.nn.utils.clip_grad_norm_(training.learned, 1.0)
+    training.optimizer.step()
+
+
+def log_line(training: Training, completed: int, window: dict[str, list[float]], seconds: float) -> dict[str, float]:
+    """The loss terms since the last line (and the held-out tau when it is due), appended to OUT/train_log.jsonl."""
+    settings = training.settings
+    means = window_means(window, training.state, training.device)
+    if training.evaluates and (completed % settings.eval_every == 0 or completed == settings.max_steps):
+        mine = greedy_rounds(training.drafter, training.eval_records, training.store, settings.max_tokens)
+        summed = sum_across(torch.tensor(mine, dtype=torch.float64, device=training.device), training.state)
+        tokens, rounds = summed.tolist()
+        means["heldout_tau"] = tokens / max(rounds, 1)
+    if training.state.is_main_process and means:
+        entry = {"step": completed, "lr": learning_rate(completed - 1, settings), "elapsed": seconds, **means}
+        training.out_dir.mkdir(parents=True, exist_ok=True)
+        with (training.out_dir / LOG_FILE).open("a") as log:
+            log.write(json.dumps(entry) + "\n")
+    return means
+
+
+def run_steps(training: Training, start_step: int, progress: bool) -> int:
+    """The loop: steps from `start_step` to max_steps, logged and checkpointed as the settings say; returns the steps
+    completed. A kill (Ctrl-C, SIGTERM) keeps every finished step: --resume continues from exactly there."""
+    settings, main = training.settings, training.state.is_main_process
+    bar = tqdm(range(start_step, settings.max_steps), initial=start_step, total=settings.max_steps,
+               desc="train", disable=not (progress and main))
+    window: dict[str, list[float]] = {}
+    started, completed = time.time(), start_step
+    try:
+        for step in bar:
+            train_step(training, step, window)
+            completed = step + 1
+            if completed % settings.log_every == 0 or completed == settings.max_steps:
+                means = log_line(training, completed, window, time.time() - started)
+                bar.set_postfix({name: f"{value:.3f}" for name, value in means.items()})
+                window = {}
+            if main and completed % settings.save_every == 0:
+                save_checkpoint(training, completed)
+    except KeyboardInterrupt:
+        if main:
+            save_checkpoint(training, completed)
+        raise
+    return completed
 
 
 def train(
@@ -388,7 +531,6 @@ def train(
     *,
     config: Optional[DSparkConfig] = None,
     settings: Optional[TrainSettings] = None,
-    arch: str = "dspark",
     resume: bool = False,
     init_from: Optional[str | os.PathLike] = None,
     feature_cache: Optional[str | os.PathLike] = None,
@@ -410,117 +552,184 @@ def train(
     that fails first leaves nothing behind.
     """
     settings = settings or TrainSettings()
-    out_dir = Path(out_dir)
-    state = process_state(device)
+    out_dir, state = Path(out_dir), process_state(device)
     device = torch.device(device) if device else state.device
-    for param in target.parameters():
-        param.requires_grad_(False)
-    target.eval()
-
+    target.requires_grad_(False).eval()
     records = [s for s in sequences if len(s["response_ids"]) >= 2]
     if not records:
         raise ValueError("No training sequence has a response of at least 2 tokens.")
-    checkpoint = out_dir / CHECKPOINT_DIR
-    start_step, resumed = 0, None
-    if resume and (checkpoint / STATE_FILE).is_file():
-        resumed = torch.load(checkpoint / STATE_FILE, map_location=device)
-        drafter = DSparkDrafter.from_pretrained(checkpoint, target, dtype=torch.float32)
-        start_step, arch = resumed["step"], resumed["arch"]
-    elif init_from is not None:
-        drafter = DSparkDrafter.from_pretrained(init_from, target, dtype=torch.float32)
-        if config is not None and config.pruned and config.draft_vocab_size != drafter.config.draft_vocab_size:
-            drafter = pruned(drafter, answer_vocabulary(records, drafter.config.vocab_size, config.draft_vocab_size))
-    elif config is None:
-        raise ValueError(f"No checkpoint to resume in {checkpoint}; pass a DSparkConfig to start a new run.")
-    else:
-        torch.manual_seed(settings.seed)  # the same settings always start from the same weights
-        drafter = DSparkDrafter(dataclasses.replace(config, draft_vocab_size=None), target)
-        if settings.init == "target":
-            init_from_target(drafter, target)
-        if config.pruned:  # FR-Spec: the most frequent answer tokens
-            drafter = pruned(drafter, answer_vocabulary(records, config.vocab_size, config.draft_vocab_size))
-    store = FeatureStore(target, drafter.config.target_layer_ids, Path(feature_cache) if feature_cache else None)
-    vocab_size = drafter.config.vocab_size
-    if drafter.config.pruned:
-        drafter.lm_head.weight.requires_grad_(False)  # the target's rows: FR-Spec keeps them
-        loss_ids = drafter.draft_token_ids()
-    elif settings.loss_vocab == "responses":
-        loss_ids = answer_vocabulary(records, vocab_size)
-    else:
-        loss_ids = None
+    drafter, start_step, optimizer_state = starting_point(
+        target, records, out_dir, config, settings, resume, init_from, device)
+    loss_ids = loss_vocabulary(drafter, records, settings)
     drafter.to(device=device, dtype=torch.float32).train()
-    loss_ids = None if loss_ids is None else loss_ids.to(device)
-    dflash = arch == "dflash"
-
-    if settings.trainable == "confidence":
-        if drafter.confidence_head is None:
-            raise ValueError("trainable='confidence' needs a drafter with a confidence head (this one has none).")
-        for name, param in drafter.named_parameters():
-            param.requires_grad_(name.startswith("confidence_head."))
-    learned = [param for param in drafter.parameters() if param.requires_grad]
-    eval_records = [r for r in (eval_sequences or []) if len(r["response_ids"]) >= 2]
+    learned = trainable_parameters(drafter, settings)
     optimizer = torch.optim.AdamW(learned, lr=settings.learning_rate, weight_decay=settings.weight_decay)
-    if resumed is not None:
-        optimizer.load_state_dict(resumed["optimizer"])
-    autocast = autocast_context(device, settings.autocast)
-    main = state.is_main_process
-    if progress and main:
-        announce(state, settings, device)
-
-    log_path = out_dir / LOG_FILE
-    bar = tqdm(range(start_step, settings.max_steps), initial=start_step, total=settings.max_steps,
-               desc=f"train {arch}", disable=not (progress and main))
-    window: dict[str, list[float]] = {}
-    started = time.time()
-    completed = start_step
-    my_slots = range(state.process_index, settings.sequences_per_step, state.num_processes)
-    my_eval_records = eval_records[state.process_index :: state.num_processes]
-    try:
-        for step in bar:
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step, settings)
-            optimizer.zero_grad(set_to_none=True)
-            for slot in my_slots:
-                index = sequence_order(step, slot, settings, len(records))
-                record = records[index]
-                ids = sequence_ids(record, settings)
-                generator = torch.Generator().manual_seed(settings.seed * 7919 + step * 131 + slot)
-                anchors = sample_anchors(len(record["prompt_ids"]), len(ids), settings.anchors_per_sequence, generator)
-                if anchors is None:
-                    continue
-                features = store.get(ids)
-                with autocast:
-                    loss, terms = sequence_loss(drafter, ids, features, anchors, settings, dflash, loss_ids)
-                (loss / settings.sequences_per_step).backward()
-                for name, value in terms.items():
-                    window.setdefault(name, []).append(value.item())
-            sum_gradients(learned, state)
-            torch.nn.utils.clip_grad_norm_(learned, 1.0)
-            optimizer.step()
-            completed = step + 1
-            if completed % settings.log_every == 0 or completed == settings.max_steps:
-                means = window_means(window, state, device)
-                if eval_records and (completed % settings.eval_every == 0 or completed == settings.max_steps):
-                    mine = greedy_rounds(drafter, my_eval_records, store, settings.max_tokens)
-                    tokens, rounds = sum_across(torch.tensor(mine, dtype=torch.float64, device=device), state).tolist()
-                    means["heldout_tau"] = tokens / max(rounds, 1)
-                bar.set_postfix({name: f"{value:.3f}" for name, value in means.items()})
-                entry = {"step": completed, "lr": learning_rate(step, settings), "elapsed": time.time() - started, **means}
-                if main and means:
-                    out_dir.mkdir(parents=True, exist_ok=True)
-                    with log_path.open("a") as log:
-                        log.write(json.dumps(entry) + "\n")
-                window = {}
-            if main and completed % settings.save_every == 0:
-                save_checkpoint(out_dir, drafter, optimizer, completed, settings, arch)
-    except KeyboardInterrupt:
-        # Keep every finished step: --resume continues from exactly here.
-        if main:
-            save_checkpoint(out_dir, drafter, optimizer, completed, settings, arch)
-        raise
+    if optimizer_state is not None:
+        optimizer.load_state_dict(optimizer_state)
+    eval_records = [r for r in (eval_sequences or []) if len(r["response_ids"]) >= 2]
+    store = FeatureStore(target, drafter.config.target_layer_ids, Path(feature_cache) if feature_cache else None)
+    training = Training(
+        drafter, optimizer, learned, records, store, None if loss_ids is None else loss_ids.to(device), settings,
+        state, device, out_dir, eval_records[state.process_index :: state.num_processes], bool(eval_records))
+    if progress and state.is_main_process:
+        announce_processes(state, settings, device)
+    completed = run_steps(training, start_step, progress)
     drafter.eval()
-    if main:
-        save_checkpoint(out_dir, drafter, optimizer, completed, settings, arch)
+    if state.is_main_process:
+        save_checkpoint(training, completed)
         drafter.save_pretrained(out_dir)
     attach_to_target(target)  # as from_pretrained does: generate(assistant_model=drafter) works on what is returned
     return drafter
+
+
+# ------------------------------------------------------------------ the command
+def add_arguments(parser) -> None:
+    parser.add_argument("--target", required=True, help="Hub id or directory ('smollm2': offline default)")
+    parser.add_argument("--local-files-only", action="store_true", help="never reach the Hub; use its cache only")
+    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="float32",
+                        help="the target's dtype while it computes the features the drafter learns from; auto: "
+                        "bfloat16 where the hardware multiplies it natively")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="torch CPU threads per process; unset: OMP_NUM_THREADS, else the cores not already busy")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--prompts", nargs="+", help='jsonl files of {"turns": [...]}; the target regenerates answers')
+    source.add_argument("--data", nargs="+", help="already regenerated jsonl (prompt_ids/response_ids records)")
+    parser.add_argument("--text", nargs="+",
+                        help="plain text files the target only reads (alone, or added to the above)")
+    parser.add_argument("--out", required=True, help="directory for the drafter, its checkpoints and log")
+    parser.add_argument("--arch", choices=["dspark", "dflash"], default="dspark",
+                        help="dspark: Markov and confidence heads; dflash: the parallel drafter alone")
+    parser.add_argument("--block-size", type=positive_int, default=7, help="block length: the anchor plus draft slots")
+    parser.add_argument("--layers", type=positive_int, default=1, help="draft decoder layers")
+    parser.add_argument("--markov-rank", type=positive_int, default=64, help="rank of the Markov head's bias")
+    parser.add_argument("--markov-head", choices=["vanilla", "gated", "rnn"], default="vanilla",
+                        help="how the previous token's feature is mixed in")
+    parser.add_argument("--target-layer-ids", type=int, nargs="+", default=None,
+                        help="target layers whose hidden states the drafter reads (default: spread over the depth)")
+    parser.add_argument("--num-target-features", type=positive_int, default=4,
+                        help="layers read when ids are not given")
+    parser.add_argument("--mask-token-id", type=int, default=None,
+                        help="token id filling the draft slots (default: the tokenizer's mask token, else an unused "
+                        "slot or unk)")
+    parser.add_argument("--draft-vocab", type=positive_int, default=None,
+                        help="prune the draft vocabulary to the N most frequent answer tokens (FR-Spec); saved as d2t")
+    parser.add_argument("--max-steps", type=int, default=1000, help="optimizer steps in all (a resumed run counts on)")
+    parser.add_argument("--batch-size", type=positive_int, default=4,
+                        help="sequences per optimizer step over all processes (the global batch); each process runs "
+                        "its share one sequence per forward/backward pass and accumulates, so any batch fits in memory")
+    parser.add_argument("--anchors", type=positive_int, default=32, help="anchors (blocks) per sequence")
+    parser.add_argument("--max-tokens", type=positive_int, default=768, help="tokens per training sequence")
+    parser.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (cosine decay after warm-up)")
+    parser.add_argument("--warmup-steps", type=int, default=50, help="steps of linear learning-rate warm-up")
+    parser.add_argument(
+        "--loss-vocab",
+        choices=["full", "responses"],
+        default="full",
+        help="'responses': the loss scores only tokens seen in the training answers (several times cheaper on CPU)",
+    )
+    parser.add_argument("--autocast", choices=["auto", "bf16", "off"], default="auto",
+                        help="bf16 autocast of the drafter's passes; auto: on CUDA GPUs with bf16, off on CPUs "
+                        "(bf16 there is untested for speed)")
+    parser.add_argument("--save-every", type=positive_int, default=100, help="steps between resumable checkpoints")
+    parser.add_argument("--log-every", type=positive_int, default=10, help="steps per line of OUT/train_log.jsonl")
+    parser.add_argument("--eval-data", nargs="+", default=None,
+                        help="held-out regenerated answers: their greedy tau is logged every --eval-every steps")
+    parser.add_argument("--eval-every", type=positive_int, default=500, help="steps between held-out tau evaluations")
+    parser.add_argument("--seed", type=int, default=0, help="initialisation and data order")
+    parser.add_argument("--max-prompts", type=positive_int, default=None,
+                        help="with --prompts: answer only the first N")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=256, help="regenerated response length")
+    parser.add_argument("--regen-batch-size", type=positive_int, default=16,
+                        help="with --prompts: prompts answered at once")
+    parser.add_argument("--feature-cache", default=None, help="directory to keep target features between epochs")
+    parser.add_argument("--device", default=None, help="unset: each process's own GPU, else the CPU")
+    parser.add_argument("--resume", action="store_true", help="continue OUT/checkpoint; the process count may differ")
+    parser.add_argument("--init-from", default=None,
+                        help="start from this drafter's weights (new optimizer and schedule)")
+    parser.add_argument("--init", choices=("random", "target"), default="random",
+                        help="a fresh run's draft layers: random, or copies of the target's deepest layers (slower "
+                        "to train in the README's lever study)")
+    parser.add_argument(
+        "--trainable",
+        choices=["all", "confidence"],
+        default="all",
+        help="'confidence': fit only the confidence head, e.g. on answers held out from the backbone's training",
+    )
+    parser.add_argument("--include-shared-weights", action="store_true", help="also store embed_tokens/lm_head copies")
+    parser.add_argument("--save-dtype", choices=["bf16", "fp32"], default="fp32", help="dtype of the saved weights")
+    parser.set_defaults(func=run)
+
+
+def drafter_config(args, target, tokenizer) -> DSparkConfig:
+    """A fresh drafter shaped like the target's layers, as the options say (dflash: no Markov or confidence head)."""
+    depth = target.config.get_text_config().num_hidden_layers
+    vocab = target.get_input_embeddings().weight.shape[0]
+    dflash = args.arch == "dflash"
+    return DSparkConfig.for_target(
+        target.config,
+        num_hidden_layers=args.layers,
+        target_layer_ids=args.target_layer_ids or zlab_default_layer_ids(depth, args.num_target_features),
+        block_size=args.block_size,
+        mask_token_id=args.mask_token_id if args.mask_token_id is not None else choose_mask_token(tokenizer, vocab),
+        markov_rank=0 if dflash else args.markov_rank,
+        markov_head_type=None if dflash else args.markov_head,
+        enable_confidence_head=not dflash,
+        confidence_head_with_markov=not dflash,
+        draft_vocab_size=args.draft_vocab,
+    )
+
+
+def train_settings(args) -> TrainSettings:
+    return TrainSettings(
+        max_steps=args.max_steps,
+        sequences_per_step=args.batch_size,
+        anchors_per_sequence=args.anchors,
+        max_tokens=args.max_tokens,
+        learning_rate=args.lr,
+        warmup_steps=args.warmup_steps,
+        loss_vocab=args.loss_vocab,
+        trainable=args.trainable,
+        autocast=args.autocast,
+        init=args.init,
+        save_every=args.save_every,
+        log_every=args.log_every,
+        eval_every=args.eval_every,
+        seed=args.seed,
+    )
+
+
+def run(args) -> None:
+    """`dspark train`: every input is read before a model loads, and before --out exists: a bad file costs nothing."""
+    from .data import load_sequences, tokenize_texts
+    from .regenerate import regenerate
+
+    if not (args.prompts or args.data or args.text):
+        raise InputError("give training data: --prompts (the target answers them), --data, or --text.")
+    prompts = read_prompts(args.prompts, limit=args.max_prompts) if args.prompts else None
+    sequences = [r for path in args.data or [] for r in load_sequences(path)]
+    texts = [Path(path).read_text(errors="replace") for path in args.text or []]
+    eval_sequences = [r for path in args.eval_data for r in load_sequences(path)] if args.eval_data else None
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill saves the last finished step too
+    state = process_state(args.device)
+    device = args.device or str(state.device)  # under accelerate launch: this process's own GPU
+    threads_why = apply_threads(args)
+    target, tokenizer = load_target(args.target, dtype=args.dtype, device=device,
+                                    local_files_only=args.local_files_only)
+    if state.is_main_process:
+        announce(args, target, threads_why)
+    torch.manual_seed(args.seed)
+    out = Path(args.out)
+    if prompts is not None:
+        regenerated = out / "regenerated"
+        regenerate(target, tokenizer, prompts, regenerated, batch_size=args.regen_batch_size,
+                   max_new_tokens=args.max_new_tokens)
+        sequences = load_sequences(regenerated)
+    sequences += tokenize_texts(tokenizer, texts)
+    config = drafter_config(args, target, tokenizer)
+    drafter = train(target, sequences, out, config=config, settings=train_settings(args), resume=args.resume,
+                    init_from=args.init_from, feature_cache=args.feature_cache, device=device,
+                    eval_sequences=eval_sequences)
+    if state.is_main_process:
+        dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.save_dtype]
+        drafter.save_pretrained(out, include_shared_weights=args.include_shared_weights, dtype=dtype)
+        print(json.dumps({"out": str(out), "steps": args.max_steps, "sequences": len(sequences)}))

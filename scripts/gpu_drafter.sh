@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# A SmolLM2 drafter from data made on one GPU, in one call of about 10 minutes on an H200:
+#   1. the target writes its own prompts (dspark synthesize),
+#   2. answers them greedily in big batches (dspark regenerate, shards of 4,096),
+#   3. a fresh DSpark drafter trains on the answers for a fixed number of steps,
+#   4. the drafter is written in safetensors shards of at most 16 MB, with the answer shards and logs.
+#
+#   bash scripts/gpu_drafter.sh OUT           # GPU: PROMPTS (default 102400) answers, STEPS (default 6000) steps
+#   bash scripts/gpu_drafter.sh OUT --toy     # CPU, about a minute: the same steps at toy size (tests/test_gpu_drafter.py)
+#
+# The target must be on the machine: SmolLM2 converted into $DSPARK_HF_CACHE/SmolLM2-135M-Instruct (scripts/setup.sh
+# makes it here), or TARGET=DIR. The GPU image has transformers 5.17; carry this package's needs as wheels in .whl
+# (the device README says how); they are installed first when present. Sizes: PROMPTS, BATCH, STEPS, TRAIN_BATCH.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: gpu_drafter.sh OUT [--toy]}
+toy=${2:-}
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+python=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+dspark() { "$python" -m dspark_hf.tools.cli "$@"; }
+target=${TARGET:-smollm2}
+if [ "$toy" = --toy ]; then
+  prompts=${PROMPTS:-4} batch=${BATCH:-4} steps=${STEPS:-2} train_batch=${TRAIN_BATCH:-2} new_tokens=16
+  device=(--device cpu --threads 1) dtype=float32 synth_batch=16 shard=2
+else
+  prompts=${PROMPTS:-102400} batch=${BATCH:-2048} steps=${STEPS:-6000} train_batch=${TRAIN_BATCH:-32} new_tokens=256
+  device=(--device cuda) dtype=bfloat16 synth_batch=4096 shard=4096
+fi
+mkdir -p "$out"
+started=$(date +%s)
+stamp() { echo "{\"stage\": \"$1\", \"seconds\": $(( $(date +%s) - started ))}" | tee -a "$out/stages.jsonl"; }
+
+dspark synthesize --target "$target" --dtype "$dtype" "${device[@]}" --out "$out/prompts.jsonl" --count "$prompts" \
+    --batch-size "$synth_batch" --temperature 0.9 --top-p 0.95 | tee "$out/synthesize.json"
+stamp synthesize
+dspark regenerate --target "$target" --dtype "$dtype" "${device[@]}" --prompts "$out/prompts.jsonl" \
+    --out "$out/answers" --shard-size "$shard" --batch-size "$batch" --max-new-tokens "$new_tokens" | tee "$out/regenerate.json"
+stamp regenerate
+dspark train --target "$target" --dtype "$dtype" "${device[@]}" --data "$out/answers" --out "$out/run" \
+    --layers 2 --block-size 7 --draft-vocab 8192 --loss-vocab responses --max-steps "$steps" \
+    --batch-size "$train_batch" --anchors 32 --lr 6e-4 --warmup-steps $(( steps / 20 + 1 )) --save-every 1000 \
+    --save-dtype bf16 | tee "$out/train.json"
+stamp train
+"$python" - "$target" "$out" <<'EOF'
+import sys, pathlib
+from dspark_hf import DSparkDrafter
+from dspark_hf.tools.targets import load_target
+target, _ = load_target(sys.argv[1], tokenizer=False)
+out = pathlib.Path(sys.argv[2])
+DSparkDrafter.from_pretrained(out / "run", target).save_pretrained(out / "drafter", max_shard_size="16MB")
+print(sorted(path.name for path in (out / "drafter").iterdir()))
+EOF
+stamp done

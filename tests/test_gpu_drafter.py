@@ -1,0 +1,31 @@
+"""scripts/gpu_drafter.sh at toy size on the CPU: every stage runs and the drafter comes back in loadable shards."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from dspark_hf import DSparkDrafter
+from dspark_hf.tools.targets import load_target
+from dspark_hf.tools.training.data import load_sequences
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_gpu_drafter_script_runs_at_toy_size(tmp_path):
+    out = tmp_path / "out"
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_drafter.sh"), str(out), "--toy"],
+                            env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": str(pathlib.Path.home())},
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    stages = [json.loads(line)["stage"] for line in (out / "stages.jsonl").read_text().splitlines()]
+    assert stages == ["synthesize", "regenerate", "train", "done"]
+    prompts = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
+    assert len(prompts) == 4 and len(load_sequences(out / "answers")) == 4
+    assert all(path.stat().st_size <= 16 * 10**6 for path in (out / "drafter").glob("*.safetensors"))
+    target, _ = load_target("smollm2", tokenizer=False)
+    assert DSparkDrafter.from_pretrained(out / "drafter", target).config.block_size == 7
