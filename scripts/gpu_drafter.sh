@@ -47,11 +47,13 @@ dspark train --target "$target" --dtype "$dtype" "${device[@]}" --data "$out/ans
 stamp train
 "$python" - "$target" "$out" <<'EOF'
 import sys, pathlib
+import torch
 from dspark_hf import DSparkDrafter
 from dspark_hf.tools.targets import load_target
 target, _ = load_target(sys.argv[1], tokenizer=False)
 out = pathlib.Path(sys.argv[2])
-DSparkDrafter.from_pretrained(out / "run", target).save_pretrained(out / "drafter", max_shard_size="16MB")
+drafter = DSparkDrafter.from_pretrained(out / "run", target)
+drafter.save_pretrained(out / "drafter", dtype=torch.bfloat16, max_shard_size="16MB")
 print(sorted(path.name for path in (out / "drafter").iterdir()))
 EOF
 stamp done

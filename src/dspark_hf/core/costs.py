@@ -12,9 +12,9 @@ tokens of plain decoding), or `PROFILE_MIN_SECONDS` where those are fast. Verify
 timed at a few lengths only (`PROFILED_LENGTHS`, the whole block, the longest proposal), with
 straight lines between them. One token, the whole block and the draft pass are always timed;
 the other lengths, and repeats that sharpen the times, only while the time they are expected
-to take fits in the budget. A 135M target gets every length and repeat within the floor; a
-Qwen3-4B-sized one on a CPU gets one token and the block, and its longer verifies are
-extrapolated.
+to take fits in the budget. A 135M target gets every length, each a few times, within the
+floor; a Qwen3-4B-sized one on a CPU gets one token and the block, and its longer verifies
+are extrapolated.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ PROFILE_RUNS = 7
 # The budget: this many one-token forwards (about the price of as many tokens of plain decoding), or this many
 # seconds where forwards are fast.
 PROFILE_BUDGET_STEPS = 12
-PROFILE_MIN_SECONDS = 4.0
+PROFILE_MIN_SECONDS = 2.0
 # A progress bar appears when profiling has taken longer than this.
 PROGRESS_AFTER_SECONDS = 3.0
 

@@ -21,7 +21,7 @@ def add_generate_arguments(parser) -> None:
     from .options import add_model_arguments, add_sampling_arguments
 
     add_model_arguments(parser)
-    parser.add_argument("--prompt", type=non_empty, default="What is 17 * 23? Explain step by step.",
+    parser.add_argument("--prompt", type=non_empty, default="Write a Python function that reverses a string. Reply with the code only.",
                         help="the user message, put in the target's chat template")
     add_sampling_arguments(parser)
     parser.set_defaults(func=generate)
@@ -30,12 +30,14 @@ def add_generate_arguments(parser) -> None:
 def generate(args) -> None:
     from transformers import TextStreamer
 
+    from ..core.costs import profile_costs
     from ..core.trace import summarize
     from .options import load_pair_from_args, sampling_kwargs, timed_generate
     from .prompts import render_prompt
 
     target, tokenizer, drafter = load_pair_from_args(args)
     settings = {} if args.threshold is None else {"assistant_confidence_threshold": args.threshold}
+    profile_costs(drafter)  # measured (once per machine) before the clock starts, so tok/s is generation alone
     tokens, seconds = timed_generate(
         target,
         render_prompt(tokenizer, args.prompt),
