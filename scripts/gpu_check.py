@@ -46,6 +46,7 @@ from dspark_hf import DSparkConfig, DSparkDrafter
 from dspark_hf.core.generation import attach_to_target
 from dspark_hf.core.modeling import ContextCache
 from dspark_hf.core.sampling import DraftTokenChooser
+from dspark_hf.core.timing import timed
 
 QWEN3_8B = dict(
     hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
@@ -119,14 +120,6 @@ def random_drafter(target, fields: dict, device: torch.device, dtype: torch.dtyp
         drafter = DSparkDrafter(DSparkConfig.for_target(target.config, **fields), target)
     attach_to_target(target)
     return drafter.to(dtype).eval()
-
-
-def timed(run, device: torch.device) -> float:
-    verify_costs.synchronize(device)
-    started = time.perf_counter()
-    run()
-    verify_costs.synchronize(device)
-    return time.perf_counter() - started
 
 
 @torch.no_grad()

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from dspark_hf.core.timing import synchronize
 from dspark_hf.tools.targets import load_smollm2
 
 CONTEXT, LENGTHS = 256, (1, 2, 4, 8, 16, 32)
@@ -22,12 +23,6 @@ CONTEXT, LENGTHS = 256, (1, 2, 4, 8, 16, 32)
 def cache_argument(model) -> str:
     """The forward's cache argument: `cache` since transformers 5.2x, `past_key_values` before (GPU machines may lag)."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work, so that the host clock measures it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.no_grad()

@@ -4,11 +4,9 @@ network run at a toy size in the environment `source .venv/bin/activate` gives."
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest

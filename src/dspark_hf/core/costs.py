@@ -26,7 +26,6 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -36,6 +35,7 @@ from .modeling import ContextCache
 from .ngram import MAX_PROPOSAL_TOKENS
 from .sampling import DraftTokenChooser
 from .scheduling import CostTable
+from .timing import timed
 
 # Long enough that attention over the context counts as it does mid-generation. The context is read from
 # FIRST_CONTEXT_TOKENS on, doubling, and stops growing where the next chunk would take it past CONTEXT_SHARE of
@@ -93,21 +93,6 @@ def cost_table_key(drafter) -> dict:
 
 def cost_table_path(drafter) -> Path:
     return cache_directory() / f"{_digest(cost_table_key(drafter))}.json"
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work, so that wall-clock times measure it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(run: Callable[[], object], device: torch.device) -> float:
-    """Wall seconds of one `run()`, queued GPU work included."""
-    synchronize(device)
-    started = time.perf_counter()
-    run()
-    synchronize(device)
-    return time.perf_counter() - started
 
 
 def profiled_lengths(num_draft_tokens: int) -> list[int]:

@@ -1,10 +1,26 @@
-"""Time on the device's clock: the one helper that times rounds and whole generate() calls."""
+"""Time on the device's clock: the helpers that time rounds, whole generate() calls and profiled passes."""
 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so that the host's clock measures it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(run: Callable[[], object], device: torch.device) -> float:
+    """Wall seconds of one `run()`, queued GPU work included (for profiling; a round uses Stopwatch marks)."""
+    synchronize(device)
+    started = time.perf_counter()
+    run()
+    synchronize(device)
+    return time.perf_counter() - started
 
 
 class Stopwatch:
