@@ -293,6 +293,12 @@ def test_a_failed_run_leaves_no_output_directory(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match=r"answers.jsonl, record 1: field 'response_ids'"):
         main(["train", "--target", str(tmp_path / "never-loaded"), "--data", str(bad), "--out", str(tmp_path / "cli")])
     assert not (tmp_path / "cli").exists()
+    long_prompts = tmp_path / "long.jsonl"
+    long_prompts.write_text(json.dumps({"prompt_ids": [1] * 50, "response_ids": [2] * 9}) + "\n")
+    with pytest.raises(SystemExit, match=r"--max-tokens 40: no sequence of --data keeps 2 answer tokens .* above 51"):
+        main(["train", "--target", str(tmp_path / "never-loaded"), "--data", str(long_prompts), "--max-tokens", "40",
+              "--out", str(tmp_path / "cli")])
+    assert not (tmp_path / "cli").exists()
 
     def failing(*args, **kwargs):
         raise RuntimeError("out of memory")

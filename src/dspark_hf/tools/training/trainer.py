@@ -715,6 +715,10 @@ def run(args) -> None:
     sequences = [r for path in args.data or [] for r in load_sequences(path)]
     texts = [Path(path).read_text(errors="replace") for path in args.text or []]
     eval_sequences = [r for path in args.eval_data for r in load_sequences(path)] if args.eval_data else None
+    if sequences and not texts and all(args.max_tokens - len(r["prompt_ids"]) < 2 for r in sequences):
+        shortest = min(len(r["prompt_ids"]) for r in sequences)
+        raise InputError(f"--max-tokens {args.max_tokens}: no sequence of --data keeps 2 answer tokens within it (the "
+                         f"shortest prompt has {shortest} tokens); raise --max-tokens above {shortest + 1}.")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill saves the last finished step too
     state = process_state(args.device)
     device = args.device or str(state.device)  # under accelerate launch: this process's own GPU
