@@ -1,4 +1,4 @@
-"""Greedy whole-block tau of drafters on held-out answers, one column per answer file (fp32 target, CPU).
+"""Greedy whole-block tau of drafters on held-out answers, one column per answer file (fp32 target unless told, CPU).
 
 Replayed from teacher-forced passes (`trainer.greedy_tau`), which is exact for greedy
 decoding and far cheaper than generating. The lever table of the model card comes from:
@@ -25,9 +25,11 @@ def main() -> None:
     parser.add_argument("--eval", nargs="+", required=True, help="regenerated answer files, one column each")
     parser.add_argument("--feature-cache", default=None, help="the training runs' target-feature cache, if any")
     parser.add_argument("--max-tokens", type=int, default=1280, help="tokens per replayed sequence")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the target's dtype for the features (bfloat16: as scripts/scaling_curve.py trains)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    target, _ = load_smollm2(dtype=torch.float32)
+    target, _ = load_smollm2(dtype=getattr(torch, args.dtype))
     columns = {Path(path).stem: load_sequences(path) for path in args.eval}
     print("| drafter | " + " | ".join(columns) + " |")
     print("|---" * (len(columns) + 1) + "|")

@@ -590,3 +590,37 @@ def count_token_updates(page) -> None:
             }).observe(view, {subtree: true, childList: true, characterData: true});
         }"""
     )
+
+
+def test_demo_compile_compiles_both_runs_before_serving_and_hands_the_session_the_same_fields(tiny_pair, monkeypatch):
+    warmed, built = [], {}
+    monkeypatch.setattr(demo_app, "load_pair_from_args", lambda args: tiny_pair)
+    monkeypatch.setattr(demo_app, "compile_before_the_clock", lambda target, ids, who, **kw: warmed.append(kw))
+
+    def build(target, tokenizer, drafter, compiled=None):
+        built.update(compiled or {})
+        raise SystemExit("built")
+
+    monkeypatch.setattr(demo_app, "build_demo", build)
+    with pytest.raises(SystemExit, match="built"):
+        dspark_main(["demo", "--compile", "--port", str(free_port())])
+    assert [("assistant_model" in kw) for kw in warmed] == [True, False]  # the drafted run's lengths, then plain's
+    assert all(kw["cache_implementation"] == "static" and kw["compile_config"] is built["compile_config"]
+               for kw in warmed)
+    built.clear()
+    with pytest.raises(SystemExit, match="built"):
+        dspark_main(["demo", "--port", str(free_port())])
+    assert len(warmed) == 2 and built == {}  # without the flag nothing compiles
+
+
+def test_the_worker_runs_both_runs_on_the_compiled_target_it_is_given(tiny_pair, monkeypatch):
+    import dspark_hf.tools.demo.worker as worker
+
+    calls = []
+    monkeypatch.setattr(worker, "timed_generate", lambda target, ids, **kw: calls.append(kw) or ([], 0.1))
+    target, tokenizer, drafter = tiny_pair
+    settings = Settings(8, "threshold", PRUNING_THRESHOLD, drafter.config.num_draft_tokens, 0.0, True, False)
+    compiled = {"cache_implementation": "static", "compile_config": object()}
+    generate_both(target, drafter, render_prompt(tokenizer, PROMPT), settings, queue.Queue(), threading.Event(),
+                  compiled)
+    assert len(calls) == 2 and all(call["compile_config"] is compiled["compile_config"] for call in calls)

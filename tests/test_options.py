@@ -286,3 +286,30 @@ def test_busy_cores_sees_a_busy_process_now_and_nothing_on_a_quiet_machine():
         spinner.kill()
     room = min(1.0, (os.cpu_count() or 1) - quiet)  # a machine busy already has less core left to fill
     assert loaded - quiet > 0.6 * room  # one spinning process is about one more busy core, seen at once
+
+
+def test_generate_compile_warms_up_untimed_with_exactly_the_timed_calls_fields(monkeypatch, capsys):
+    """--compile: one untimed call with the same fields compiles the lengths the timed call verifies."""
+    import dspark_hf.core.costs as costs
+    import dspark_hf.tools.options as options
+
+    target = tiny_target("qwen3")
+    calls = []
+
+    class Drafter:
+        last_trace = []
+
+    monkeypatch.setattr(options, "load_pair_from_args", lambda args: (target, None, Drafter()))
+    monkeypatch.setattr(costs, "profile_costs", lambda drafter: None)
+    monkeypatch.setattr("dspark_hf.tools.prompts.render_prompt", lambda tokenizer, prompt: [1, 2, 3])
+    monkeypatch.setattr("transformers.TextStreamer", lambda *a, **k: "streamer")
+    monkeypatch.setattr(options, "timed_generate", lambda t, ids, **kw: calls.append(kw) or ([5, 6], 0.5))
+    main(["generate", "--compile", "--max-new-tokens", "4"])
+    warm_up, timed = calls
+    assert "streamer" not in warm_up and timed.pop("streamer") == "streamer"
+    assert warm_up.keys() == timed.keys() and warm_up["compile_config"] is timed["compile_config"]
+    assert timed["cache_implementation"] == "static" and timed["max_new_tokens"] == 4
+    assert "compiled in 0.5 s; not counted" in capsys.readouterr().err
+    calls.clear()
+    main(["generate", "--max-new-tokens", "4"])
+    assert len(calls) == 1 and "compile_config" not in calls[0]

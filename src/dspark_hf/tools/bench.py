@@ -31,6 +31,7 @@ from .exactness import find_divergence
 from .options import (
     add_model_arguments,
     add_sampling_arguments,
+    compiled_target_kwargs,
     load_target_from_args,
     sampling_kwargs,
     timed_generate,
@@ -231,22 +232,12 @@ def assistant_kwargs(name: str, target, tokenizer) -> dict:
     return kwargs
 
 
-def compiled_plain_kwargs() -> dict:
-    """Plain decoding compiled as transformers offers it: a static cache, and the forward under torch.compile,
-    on any device (transformers compiles on GPUs only unless told)."""
-    from transformers import CompileConfig
-
-    compile_config = CompileConfig()
-    compile_config._compile_all_devices = True  # transformers' own switch for compiling off a GPU
-    return {"cache_implementation": "static", "compile_config": compile_config}
-
-
 def prepare_method(label: str, load_drafter: Callable, target, tokenizer=None) -> Method:
     kind, value = parse_method(label)
     if kind == "plain":
         return Method(label, {})
     if kind == "plain-compiled":
-        return Method(label, compiled_plain_kwargs())
+        return Method(label, compiled_target_kwargs())
     if kind == "prompt-lookup":
         return Method(label, {"prompt_lookup_num_tokens": int(value or DEFAULT_PROMPT_LOOKUP_TOKENS)})
     if kind == "assistant":
@@ -260,7 +251,7 @@ def prepare_method(label: str, load_drafter: Callable, target, tokenizer=None) -
     if kind == "dspark-only":  # the same, the drafter alone: no n-gram rounds
         return Method(label, {"assistant_model": drafter, "dspark_ngram": False}, drafter)
     if kind == "dspark-compiled":  # the defaults, verifying with the target as plain-compiled compiles it
-        return Method(label, {"assistant_model": drafter, **compiled_plain_kwargs()}, drafter)
+        return Method(label, {"assistant_model": drafter, **compiled_target_kwargs()}, drafter)
     if kind == "dspark":
         settings = {**SCHEDULER_PRESETS[THRESHOLD_SCHEDULER], "assistant_confidence_threshold": float(value)}
     elif kind == "dspark-full":

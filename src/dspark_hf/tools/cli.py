@@ -18,12 +18,13 @@ from .errors import USER_ERRORS, non_empty
 
 # ------------------------------------------------------------------ generate
 def add_generate_arguments(parser) -> None:
-    from .options import add_model_arguments, add_sampling_arguments
+    from .options import add_compile_argument, add_model_arguments, add_sampling_arguments
 
     add_model_arguments(parser)
     parser.add_argument("--prompt", type=non_empty, default="Write a Python function that reverses a string. Reply with the code only.",
                         help="the user message, put in the target's chat template")
     add_sampling_arguments(parser)
+    add_compile_argument(parser)
     parser.set_defaults(func=generate)
 
 
@@ -32,21 +33,24 @@ def generate(args) -> None:
 
     from ..core.costs import profile_costs
     from ..core.trace import summarize
-    from .options import load_pair_from_args, sampling_kwargs, timed_generate
+    from .options import (compile_before_the_clock, compiled_target_kwargs, load_pair_from_args, sampling_kwargs,
+                          timed_generate)
     from .prompts import render_prompt
 
     target, tokenizer, drafter = load_pair_from_args(args)
-    settings = {} if args.threshold is None else {"assistant_confidence_threshold": args.threshold}
-    profile_costs(drafter)  # measured (once per machine) before the clock starts, so tok/s is generation alone
-    tokens, seconds = timed_generate(
-        target,
-        render_prompt(tokenizer, args.prompt),
-        max_new_tokens=args.max_new_tokens,
-        assistant_model=drafter,
-        streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True),
-        **settings,
+    prompt_ids = render_prompt(tokenizer, args.prompt)
+    settings = {
+        "max_new_tokens": args.max_new_tokens,
+        "assistant_model": drafter,
+        **({} if args.threshold is None else {"assistant_confidence_threshold": args.threshold}),
+        **(compiled_target_kwargs() if args.compile else {}),
         **sampling_kwargs(args.temperature),
-    )
+    }
+    profile_costs(drafter)  # measured (once per machine) before the clock starts, so tok/s is generation alone
+    if args.compile:
+        compile_before_the_clock(target, prompt_ids, "dspark", **settings)
+    tokens, seconds = timed_generate(
+        target, prompt_ids, streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True), **settings)
     summary = summarize(drafter.last_trace)
     new_tokens = len(tokens)
     print(

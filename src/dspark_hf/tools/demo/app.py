@@ -13,7 +13,13 @@ import threading
 from typing import TYPE_CHECKING
 
 from ..errors import InputError, port_number
-from ..options import add_model_arguments, load_pair_from_args
+from ..options import (
+    add_compile_argument,
+    add_model_arguments,
+    compile_before_the_clock,
+    compiled_target_kwargs,
+    load_pair_from_args,
+)
 from ..prompts import render_prompt
 from .render import OUTPUT_LABELS, confidence_label, legend_html, models_markdown, outputs
 from .state import FULL_BLOCK, SCHEDULER_CHOICES, LiveRun, Settings
@@ -33,8 +39,9 @@ DEFAULT_PROMPT = "Write a Python function that reverses a string. Reply with the
 class DemoSession:
     """The models, and the one generation the app runs at a time (its Stop button ends the latest)."""
 
-    def __init__(self, target, tokenizer, drafter):
+    def __init__(self, target, tokenizer, drafter, compiled: dict | None = None):
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
+        self.compiled = compiled or {}  # generate() fields that compile the target (--compile), for both runs
         self.stop_event = threading.Event()
 
     def stop(self) -> None:
@@ -76,7 +83,7 @@ class DemoSession:
         events: queue.Queue = queue.Queue()
         worker = threading.Thread(
             target=generate_both,
-            args=(self.target, self.drafter, prompt_ids, settings, events, stop),
+            args=(self.target, self.drafter, prompt_ids, settings, events, stop, self.compiled),
             name=WORKER_THREAD_NAME,
             daemon=True,
         )
@@ -95,12 +102,13 @@ class DemoSession:
             worker.join()
 
 
-def build_demo(target, tokenizer, drafter) -> "gr.Blocks":
-    """The Blocks app for a target, its tokenizer and a DSparkDrafter loaded for that target."""
+def build_demo(target, tokenizer, drafter, compiled: dict | None = None) -> "gr.Blocks":
+    """The Blocks app for a target, its tokenizer and a DSparkDrafter loaded for that target; `compiled`: the
+    generate() fields of a compiled target, for both runs."""
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
     import gradio as gr
 
-    session = DemoSession(target, tokenizer, drafter)
+    session = DemoSession(target, tokenizer, drafter, compiled)
     defaults = drafter.generation_config  # the settings generate() uses when given none
     most_drafts = drafter.config.num_draft_tokens
     with gr.Blocks(title="DSpark speculative decoding", analytics_enabled=False) as demo:
@@ -191,6 +199,7 @@ def build_demo(target, tokenizer, drafter) -> "gr.Blocks":
 def add_arguments(parser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--port", type=port_number, default=DEFAULT_PORT, help="serve on 127.0.0.1 at this port")
+    add_compile_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -227,7 +236,13 @@ def run(args) -> None:
     Gradio's own banner is silenced (`quiet`): it suggests `share=True`, which this demo never uses."""
     check_port_free(args.port)
     target, tokenizer, drafter = load_pair_from_args(args)
-    demo = build_demo(target, tokenizer, drafter)
+    compiled = compiled_target_kwargs() if args.compile else {}
+    if compiled:  # both runs' lengths compile now, not inside the first timed answer
+        prompt_ids = render_prompt(tokenizer, DEFAULT_PROMPT)
+        for assistant in ({"assistant_model": drafter}, {}):
+            compile_before_the_clock(target, prompt_ids, "dspark demo", max_new_tokens=DEFAULT_MAX_NEW_TOKENS,
+                                     do_sample=False, **assistant, **compiled)
+    demo = build_demo(target, tokenizer, drafter, compiled)
     try:
         demo.launch(
             server_name="127.0.0.1", server_port=args.port, share=False, ssr_mode=False, quiet=True,

@@ -83,13 +83,16 @@ class TopTwoScores(LogitsProcessor):
 
 
 def generate_both(
-    target, drafter, prompt_ids: list[int], settings: Settings, events: queue.Queue, stop: threading.Event
+    target, drafter, prompt_ids: list[int], settings: Settings, events: queue.Queue, stop: threading.Event,
+    compiled: dict | None = None,
 ):
-    """Worker thread: the drafted run, then (optionally) the target alone; every step goes into `events`."""
+    """Worker thread: the drafted run, then (optionally) the target alone; every step goes into `events`.
+    `compiled`: the generate() fields of a compiled target (--compile), the same for both runs."""
     common = dict(
         max_new_tokens=settings.max_new_tokens,
         stopping_criteria=StoppingCriteriaList([StopWhenSet(stop)]),
         **sampling_kwargs(settings.temperature),
+        **(compiled or {}),
     )
     try:
         if settings.scheduler in (AUTO_SCHEDULER, COST_SCHEDULER) and drafter.cost_table is None:
