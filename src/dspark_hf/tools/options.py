@@ -51,7 +51,7 @@ def add_compile_argument(parser) -> None:
     parser.add_argument("--compile", action="store_true",
                         help="compile the target as transformers does (static cache under torch.compile): on an "
                         "AVX512-BF16 EPYC plain decoding ran 1.15x and DSpark 1.2x faster; the first call compiles "
-                        "(15-50 s on a CPU), before any timing")
+                        "(15-50 s on an idle CPU), before any timing")
 
 
 # ------------------------------------------------------------------ threads
@@ -117,7 +117,7 @@ def compiled_target_kwargs() -> dict:
 
 def compile_before_the_clock(target, prompt_ids, who: str, **generate_kwargs) -> float:
     """One untimed generate() with the compiled target, so the lengths a timed call verifies are compiled already."""
-    print(f"[{who}] compiling the target (--compile: once per process, 15-50 s on a CPU) ...", file=sys.stderr,
+    print(f"[{who}] compiling the target (--compile: once per process, 15-50 s on an idle CPU) ...", file=sys.stderr,
           flush=True)
     seconds = timed_generate(target, prompt_ids, **generate_kwargs)[1]
     print(f"[{who}] compiled in {seconds:.1f} s; not counted in any time below", file=sys.stderr, flush=True)
