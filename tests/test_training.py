@@ -10,7 +10,6 @@ import torch
 from conftest import MASK_ID, VOCAB, drafter_config, tiny_target
 from dspark_hf import DSparkDrafter, summarize
 from dspark_hf.tools.cli import main
-from dspark_hf.tools.targets import cpu_has_native_bf16
 from dspark_hf.tools.training import trainer as trainer_module
 from dspark_hf.tools.training.trainer import (
     FeatureStore,
@@ -293,13 +292,6 @@ def test_a_failed_run_leaves_no_output_directory(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match=r"answers.jsonl, record 1: field 'response_ids'"):
         main(["train", "--target", str(tmp_path / "never-loaded"), "--data", str(bad), "--out", str(tmp_path / "cli")])
     assert not (tmp_path / "cli").exists()
-    long_prompts = tmp_path / "long.jsonl"
-    long_prompts.write_text(json.dumps({"prompt_ids": [1] * 50, "response_ids": [2] * 9}) + "\n")
-    with pytest.raises(SystemExit, match=r"--max-tokens 40: no sequence of --data keeps 2 answer tokens .* above 51"):
-        main(["train", "--target", str(tmp_path / "never-loaded"), "--data", str(long_prompts), "--max-tokens", "40",
-              "--out", str(tmp_path / "cli")])
-    assert not (tmp_path / "cli").exists()
-
     def failing(*args, **kwargs):
         raise RuntimeError("out of memory")
 
@@ -312,7 +304,7 @@ def test_a_failed_run_leaves_no_output_directory(tmp_path, monkeypatch):
 
 
 def test_bf16_autocast_is_an_option_on_cpu(tmp_path):
-    """'auto' is bf16 on a CPU with native bf16 matmuls and fp32 elsewhere; 'bf16' runs the drafter's passes in bf16."""
+    """'auto' keeps a CPU run in fp32; 'bf16' runs the drafter's passes in bf16."""
     target = tiny_target("qwen3", seed=4)
     data = regenerated(target, count=4, new_tokens=16)
     config = drafter_config(target, block_size=4, target_layer_ids=[0, 2])
@@ -324,7 +316,7 @@ def test_bf16_autocast_is_an_option_on_cpu(tmp_path):
         assert drafter.dtype == torch.float32
         lines = (tmp_path / autocast / "train_log.jsonl").read_text().splitlines()
         logs[autocast] = [{k: v for k, v in json.loads(line).items() if k != "elapsed"} for line in lines]
-    assert logs["auto"] == logs["bf16" if cpu_has_native_bf16() else "off"]
+    assert logs["auto"] == logs["off"]
     for fp32, bf16 in zip(logs["off"], logs["bf16"]):
         assert fp32["ce"] != bf16["ce"]
         assert bf16["ce"] == pytest.approx(fp32["ce"], rel=0.05)
