@@ -29,12 +29,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from smollm2_splits import prompt_lines  # noqa: E402  (the old files' prompt kinds)
+from smollm2_splits import magpie_answers, prompt_lines  # noqa: E402
 
 from dspark_hf.tools.training.data import load_sequences, read_jsonl  # noqa: E402
 
-MAGPIE = ROOT / "data/smollm2/magpie"
-MAGPIE_PROMPTS = ROOT / "data/smollm2/magpie_prompts.jsonl"
 OLD = [ROOT / "data/smollm2_answers.jsonl.gz", ROOT / "data/smollm2_answers_long_bf16.jsonl.gz"]
 SIZES = (1, 2, 4, 8)
 MAX_TOKENS = 768
@@ -51,10 +49,7 @@ def make_splits(out: Path, base: int, eval_limit: int) -> dict:
         return json.loads(plan_file.read_text())
     kinds = [kind for kind, _ in prompt_lines()]
     old = [dict(r, kind=kinds[r["prompt_index"]], source="train-prompts") for path in OLD for r in read_jsonl(path)]
-    magpie_kinds = [json.loads(line).get("kind", "chat") for line in MAGPIE_PROMPTS.read_text().splitlines()]
-    shards = sorted(MAGPIE.glob("shard-*.jsonl.gz"))
-    magpie = [dict(r, kind="magpie-" + magpie_kinds[r["prompt_index"]], source="magpie")
-              for path in shards for r in read_jsonl(path)]
+    magpie = magpie_answers()
     answers = old + magpie
     pool = [r for r in answers if r["prompt_index"] % 20 != 19 and r["kind"] != "lbpp"]
     held = [r for r in answers if r["prompt_index"] % 20 == 19 and r["kind"] != "lbpp"]
@@ -65,7 +60,7 @@ def make_splits(out: Path, base: int, eval_limit: int) -> dict:
     for shuffled in (held, lbpp):
         random.Random(1).shuffle(shuffled)
     out.mkdir(parents=True, exist_ok=True)
-    plan = {"base": base, "pool": len(pool), "magpie_shards": len(shards), "sets": {}}
+    plan = {"base": base, "pool": len(pool), "magpie_answers": len(magpie), "sets": {}}
     for size in SIZES:
         chosen = pool[: base * size]
         write_jsonl(out / f"train_{size}x.jsonl", chosen)

@@ -2,13 +2,15 @@
 
     python scripts/smollm2_splits.py --out runs
 
-writes runs/final/{train,heldout,heldout_prompts}.jsonl (the shipped drafter's data) and
-runs/levers/{train_base,train_no_lbpp,train_half,eval_in,eval_lbpp,eval_aime}.jsonl plus
+writes runs/grown/train.jsonl (the shipped drafter's data: every training answer, the target's own
+prompts included), runs/final/{train,heldout,heldout_prompts}.jsonl (the previous drafter's data and the
+held-out sets) and runs/levers/{train_base,train_no_lbpp,train_half,eval_in,eval_lbpp,eval_aime}.jsonl plus
 text_prompts.txt and text_python.txt (the `--text` lever). Held out everywhere: answers with
 `prompt_index % 20 == 19`. Deterministic (fixed seeds); no dev prompt is read.
 """
 
 import argparse
+import collections
 import glob
 import itertools
 import json
@@ -18,7 +20,10 @@ from pathlib import Path
 
 from dspark_hf.tools.training.data import read_jsonl
 
-PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "prompts" / "train"
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ROOT.parent / "shared" / "data" / "prompts" / "train"
+MAGPIE = ROOT / "data/smollm2/magpie"
+MAGPIE_PROMPTS = ROOT / "data/smollm2/magpie_prompts.jsonl"
 KINDS = ("aime24", "arena-hard-v2", "gsm8k", "lbpp", "livecodebench")  # sorted: `regenerate`'s round-robin order
 
 
@@ -35,12 +40,20 @@ def answers(path: str, kinds: list[tuple[str, str]]) -> list[dict]:
     return records
 
 
+def magpie_answers() -> list[dict]:
+    """The answers to the target's own prompts (`dspark synthesize`), kind `magpie-math|code|chat`."""
+    kinds = [json.loads(line).get("kind", "chat") for line in MAGPIE_PROMPTS.read_text().splitlines()]
+    return [dict(r, kind="magpie-" + kinds[r["prompt_index"]], source="magpie")
+            for path in sorted(MAGPIE.glob("shard-*.jsonl.gz")) for r in read_jsonl(path)]
+
+
 def write(path: Path, records: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as out:
         for record in records:
             out.write(json.dumps(record) + "\n")
-    print(path, len(records), {kind: sum(r["kind"] == kind for r in records) for kind in KINDS})
+    mix = collections.Counter(r["kind"] for r in records)
+    print(path, len(records), dict(sorted(mix.items())))
 
 
 def main() -> None:
@@ -53,7 +66,10 @@ def main() -> None:
     train = [r for r in short + long_ if r["prompt_index"] % 20 != 19]
     held = [r for r in short + long_ if r["prompt_index"] % 20 == 19]
 
-    # The shipped drafter: chat and code listed twice, so chat, code and math weigh about the same.
+    # The shipped drafter: every training answer once (the target's own prompts give chat and code their share).
+    write(out / "grown/train.jsonl", train + [r for r in magpie_answers() if r["prompt_index"] % 20 != 19])
+
+    # The previous drafter: chat and code listed twice, so chat, code and math weigh about the same.
     write(out / "final/train.jsonl", train + [r for r in train if r["kind"] in ("arena-hard-v2", "lbpp", "livecodebench")])
     write(out / "final/heldout.jsonl", held)
     (out / "final/heldout_prompts.jsonl").write_text("".join(kinds[i][1] for i in sorted(r["prompt_index"] for r in held)))

@@ -284,6 +284,24 @@ def test_a_full_vocabulary_drafter_prunes_to_the_answer_tokens_it_drafts_the_sam
     assert reloaded.draft_token_ids().tolist() == vocabulary.tolist()
     torch.testing.assert_close(reloaded.markov_head.markov_w2.weight, small.markov_head.markov_w2.weight)
 
+    # new data, new frequent tokens: known tokens keep their W2 rows, new ones start with no Markov bias
+    unseen = sorted(set(range(VOCAB)) - set(vocabulary.tolist()) - {MASK_ID})[:5]
+    assert len(unseen) >= 3
+    moved = torch.tensor(sorted(vocabulary[::2].tolist() + unseen))
+    again = trainer_module.pruned(small, moved)
+    assert again.draft_token_ids().tolist() == moved.tolist()
+    bias_again = again.markov_head(hidden, torch.tensor([1, 2, 3]))[0]
+    expected = torch.where(torch.isin(moved, vocabulary), bias_full[:, moved], torch.zeros(()))
+    torch.testing.assert_close(bias_again, expected)
+    torch.testing.assert_close(again.draft_logits(hidden), full.draft_logits(hidden)[:, moved])
+    # --init-from a pruned drafter with --draft-vocab: the new answers choose the vocabulary
+    new_data = data + [dict(r, response_ids=[unseen[i % len(unseen)] for i in range(len(r["response_ids"]))]) for r in data]
+    train(target, new_data, tmp_path / "moved", config=pruned_config, init_from=tmp_path / "pruned",
+          settings=TrainSettings(max_steps=0, **SETTINGS), progress=False)
+    chosen = DSparkDrafter.from_pretrained(tmp_path / "moved", target).draft_token_ids()
+    assert set(unseen) <= set(chosen.tolist())
+    assert chosen.tolist() == answer_vocabulary(new_data, VOCAB, 20).tolist()
+
 
 def test_a_failed_run_leaves_no_output_directory(tmp_path, monkeypatch):
     """A bad data file is refused before any model loads; a run that fails before writing anything makes no --out."""

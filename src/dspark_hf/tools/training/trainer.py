@@ -177,17 +177,19 @@ def vocabulary_index(token_ids: Optional[torch.Tensor], vocab_size: int) -> Opti
 
 def pruned(drafter: DSparkDrafter, token_ids: torch.Tensor) -> DSparkDrafter:
     """The drafter restricted to the draft vocabulary `token_ids` (sorted target ids), FR-Spec style:
-    the target's LM-head rows for them, the matching rows of the Markov W2, and d2t."""
+    the target's LM-head rows for them, the matching rows of the Markov W2, and d2t.
+
+    A pruned drafter may move to a vocabulary with tokens it never scored (new data): their W2
+    rows start at zero, so the Markov head adds nothing for them until training says otherwise."""
     config = dataclasses.replace(drafter.config, draft_vocab_size=len(token_ids))
     state = {key: value for key, value in drafter.state_dict().items() if key not in ("d2t", "lm_head.weight")}
-    if drafter.config.pruned:  # re-pruning: W2 rows are indexed by the old draft vocabulary
-        old = vocabulary_index(drafter.draft_token_ids(), drafter.config.vocab_size)[token_ids]
-        if (old < 0).any():
-            raise ValueError("A pruned drafter can only be pruned to a subset of its draft vocabulary.")
-    else:
-        old = token_ids
     if "markov_head.markov_w2.weight" in state:
-        state["markov_head.markov_w2.weight"] = state["markov_head.markov_w2.weight"][old]
+        w2 = state["markov_head.markov_w2.weight"]
+        if drafter.config.pruned:  # W2 rows are indexed by the old draft vocabulary
+            old = vocabulary_index(drafter.draft_token_ids(), drafter.config.vocab_size)[token_ids]
+            state["markov_head.markov_w2.weight"] = torch.where((old >= 0)[:, None], w2[old.clamp(min=0)], 0)
+        else:
+            state["markov_head.markov_w2.weight"] = w2[token_ids]
     state["d2t"] = token_ids - torch.arange(len(token_ids))
     state["lm_head.weight"] = drafter.target_lm_head.weight.detach()[token_ids].to(drafter.dtype)
     result = DSparkDrafter(config, drafter.target)
@@ -403,7 +405,7 @@ def starting_point(target, records, out_dir: Path, config, settings: TrainSettin
         return drafter, resumed["step"], resumed["optimizer"]
     if init_from is not None:
         drafter = DSparkDrafter.from_pretrained(init_from, target, dtype=torch.float32)
-        if config is not None and config.pruned and config.draft_vocab_size != drafter.config.draft_vocab_size:
+        if config is not None and config.pruned:  # --draft-vocab: this run's most frequent answer tokens
             drafter = pruned(drafter, answer_vocabulary(records, drafter.config.vocab_size, config.draft_vocab_size))
         return drafter, 0, None
     if config is None:
@@ -545,7 +547,8 @@ def train(
     optimizer and schedule, e.g. to fit only the confidence head on answers the
     backbone never saw (`TrainSettings.trainable="confidence"`). With `eval_sequences`
     (held-out greedy answers) the log records their greedy tau every `eval_every` steps.
-    A config with `draft_vocab_size` trains a pruned drafter on the most frequent answer tokens.
+    A config with `draft_vocab_size` trains a pruned drafter on the most frequent answer tokens
+    (with `init_from`, those of these answers: new data may bring new frequent tokens).
 
     Under `accelerate launch` every process calls this with the same arguments; only the
     main one writes. `out_dir` is made when there is something to write in it, so a run
@@ -613,7 +616,8 @@ def add_arguments(parser) -> None:
                         help="token id filling the draft slots (default: the tokenizer's mask token, else an unused "
                         "slot or unk)")
     parser.add_argument("--draft-vocab", type=positive_int, default=None,
-                        help="prune the draft vocabulary to the N most frequent answer tokens (FR-Spec); saved as d2t")
+                        help="prune the draft vocabulary to the N most frequent answer tokens (FR-Spec); saved as d2t. "
+                        "With --init-from, this run's answers choose it again")
     parser.add_argument("--max-steps", type=int, default=1000, help="optimizer steps in all (a resumed run counts on)")
     parser.add_argument("--batch-size", type=positive_int, default=4,
                         help="sequences per optimizer step over all processes (the global batch); each process runs "
@@ -646,7 +650,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--device", default=None, help="unset: each process's own GPU, else the CPU")
     parser.add_argument("--resume", action="store_true", help="continue OUT/checkpoint; the process count may differ")
     parser.add_argument("--init-from", default=None,
-                        help="start from this drafter's weights (new optimizer and schedule)")
+                        help="start from this drafter's weights (new optimizer and schedule); it keeps its draft "
+                        "vocabulary unless --draft-vocab is given")
     parser.add_argument("--init", choices=("random", "target"), default="random",
                         help="a fresh run's draft layers: random, or copies of the target's deepest layers (slower "
                         "to train in the README's lever study)")
