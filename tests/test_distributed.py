@@ -95,7 +95,8 @@ def test_two_processes_train_as_one_and_resume_across_process_counts(files, tmp_
     assert "dspark train: 2 processes, global batch 4" in stderr
     assert stderr.count("dspark train: 2 processes") == 1  # the main process speaks for both
 
-    main(train_args(files, two, steps=5) + ["--resume"])  # one process continues from step 3
+    launch_two(train_args(files, two, steps=4) + ["--resume"])  # two processes continue to step 4
+    main(train_args(files, two, steps=5) + ["--resume"])  # one process continues to step 5
     one = tmp_path / "one"
     main(train_args(files, one, steps=5))
 

@@ -717,7 +717,8 @@ def run(args) -> None:
     eval_sequences = [r for path in args.eval_data for r in load_sequences(path)] if args.eval_data else None
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill saves the last finished step too
     state = process_state(args.device)
-    device = args.device or str(state.device)  # under accelerate launch: this process's own GPU
+    # under accelerate launch: this process's own GPU; a CPU has no index (torch.load cannot map to "cpu:0")
+    device = args.device or ("cpu" if state.device.type == "cpu" else str(state.device))
     threads_why = apply_threads(args)
     target, tokenizer = load_target(args.target, dtype=args.dtype, device=device,
                                     local_files_only=args.local_files_only)
