@@ -11,8 +11,8 @@ workers=${WORKERS:-2}
 goal=${1:-12288}  # prompts in all, a multiple of the round
 shard=256
 step=1024         # four shards per round
-prompts=data/smollm2/magpie_prompts.jsonl
-have=$( [ -f $prompts ] && wc -l < $prompts || echo 0 )
+prompts=data/smollm2/magpie_prompts.jsonl.gz
+have=$( [ -f $prompts ] && zcat $prompts | wc -l || echo 0 )
 for ((count = (have / step + 1) * step; count <= goal; count += step)); do
   $dspark synthesize --target smollm2 --dtype auto --threads "$workers" --out $prompts --count $count \
       --temperature 0.9 --top-p 0.95 --batch-size 64

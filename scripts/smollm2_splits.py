@@ -23,7 +23,7 @@ from dspark_hf.tools.training.data import read_jsonl
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT.parent / "shared" / "data" / "prompts" / "train"
 MAGPIE = ROOT / "data/smollm2/magpie"
-MAGPIE_PROMPTS = ROOT / "data/smollm2/magpie_prompts.jsonl"
+MAGPIE_PROMPTS = ROOT / "data/smollm2/magpie_prompts.jsonl.gz"
 KINDS = ("aime24", "arena-hard-v2", "gsm8k", "lbpp", "livecodebench")  # sorted: `regenerate`'s round-robin order
 
 
@@ -42,7 +42,7 @@ def answers(path: str, kinds: list[tuple[str, str]]) -> list[dict]:
 
 def magpie_answers() -> list[dict]:
     """The answers to the target's own prompts (`dspark synthesize`), kind `magpie-math|code|chat`."""
-    kinds = [json.loads(line).get("kind", "chat") for line in MAGPIE_PROMPTS.read_text().splitlines()]
+    kinds = [record.get("kind", "chat") for record in read_jsonl(MAGPIE_PROMPTS)]
     return [dict(r, kind="magpie-" + kinds[r["prompt_index"]], source="magpie")
             for path in sorted(MAGPIE.glob("shard-*.jsonl.gz")) for r in read_jsonl(path)]
 

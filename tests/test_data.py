@@ -269,17 +269,21 @@ def test_prompt_filter_says_why_a_prompt_is_dropped():
     assert keep.reason("Natalia sold clips to 48 of her friends in April. How many in all?", complete=True) == "near-dev"
 
 
-def test_synthesize_writes_exactly_count_prompts_of_each_kind_and_resumes(tmp_path, target_and_tokenizer, monkeypatch):
+@pytest.mark.parametrize("name", ["prompts.jsonl", "prompts.jsonl.gz"])
+def test_synthesize_writes_exactly_count_prompts_of_each_kind_and_resumes(name, tmp_path, target_and_tokenizer,
+                                                                          monkeypatch):
     model, tokenizer = target_and_tokenizer
     monkeypatch.setattr(PromptFilter, "reason", lambda self, text, complete: "" if complete else "unfinished")
-    out = tmp_path / "prompts.jsonl"
+    out = tmp_path / name
 
     first = synthesize(model, tokenizer, out, count=4, kinds=("math", "code"), batch_size=8, max_prompt_tokens=6)
     second = synthesize(model, tokenizer, out, count=7, kinds=("math", "code"), batch_size=8, max_prompt_tokens=6)
 
-    records = [json.loads(line) for line in out.read_text().splitlines()]
+    text = gzip.decompress(out.read_bytes()).decode() if name.endswith(".gz") else out.read_text()
+    records = [json.loads(line) for line in text.splitlines()]
     assert first["written"] == 4 and second["written"] == 3 and len(records) == 7
     assert {r["kind"] for r in records} == {"math", "code"} and all(r["source"] == "magpie" for r in records)
     assert read_prompts([out]) == [r["turns"][0] for r in records]  # a prompt file like any other
+    assert [p.name for p in tmp_path.iterdir()] == [name]  # nothing left beside it
     header = tokenizer.decode(user_header(tokenizer, "code"))
     assert header.startswith("user") and "w" not in header  # the template up to the user's words, no further

@@ -7,6 +7,7 @@ name such as `gsm8k` names a dev set shipped with the package.
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import os
@@ -52,11 +53,16 @@ def read_prompts(paths: Iterable[str | os.PathLike], limit: int | None = None) -
     return interleaved if limit is None else interleaved[:limit]
 
 
+def open_text(path: pathlib.Path, mode: str = "r"):
+    """A text file, gzip-compressed when its name ends in .gz (how large prompt and answer files are kept)."""
+    return gzip.open(path, mode + "t", encoding="utf-8") if path.suffix == ".gz" else path.open(mode, encoding="utf-8")
+
+
 def _read_first_turns(path: pathlib.Path) -> list[str]:
     if not path.is_file():
         raise InputError(f"{path}: no such prompt file.")
     first_turns = []
-    with path.open(encoding="utf-8") as lines:
+    with open_text(path) as lines:
         for line_number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue

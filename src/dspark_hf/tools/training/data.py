@@ -10,13 +10,13 @@ Records live in .jsonl files, gzip-compressed .jsonl.gz shards, or folders of sh
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import pathlib
 from collections.abc import Sequence
 
 from ..errors import InputError
+from ..prompts import open_text
 
 RECORD_FIELDS = ("prompt_ids", "response_ids")
 
@@ -49,8 +49,7 @@ def record_files(path: pathlib.Path) -> list[pathlib.Path]:
 
 def read_jsonl(path: pathlib.Path) -> list[dict]:
     """Records of a .jsonl or .jsonl.gz file; a cut last line (a run killed mid-write) is dropped."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as lines:
+    with open_text(path) as lines:
         text = lines.read().splitlines()
     records = []
     for number, line in enumerate(text, start=1):

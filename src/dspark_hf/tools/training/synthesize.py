@@ -12,7 +12,9 @@ exactly `--count` prompts, so the answer shards over it (`dspark regenerate`) st
 from __future__ import annotations
 
 import collections
+import gzip
 import json
+import os
 import pathlib
 import re
 import time
@@ -21,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import InputError, non_negative_float, positive_int
-from ..prompts import read_prompts, shipped_prompt_sets
+from ..prompts import open_text, read_prompts, shipped_prompt_sets
 from .regenerate import decode, stop_token_ids, token_chooser
 
 # What the system turn says for each kind; None keeps the template's own default system turn.
@@ -94,11 +96,26 @@ class PromptFilter:
         return ""
 
 
+def append_lines(path: pathlib.Path, lines: list[str]) -> None:
+    """Add one batch's lines. A .gz file gains one gzip member, written beside it and moved into place, so a
+    killed run never leaves a cut stream; a plain file is appended to."""
+    if path.suffix != ".gz":
+        with path.open("a", encoding="utf-8") as sink:
+            sink.writelines(lines)
+        return
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("wb") as raw:
+        raw.write(path.read_bytes() if path.exists() else b"")
+        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as member:
+            member.write("".join(lines).encode("utf-8"))
+    os.replace(temporary, path)
+
+
 def synthesize(target, tokenizer, out, *, count: int, kinds=tuple(KIND_SYSTEM_PROMPTS), batch_size: int = 64,
                temperature: float = 1.0, top_p: float = 0.95, max_prompt_tokens: int = 192, seed: int = 0) -> dict:
     """Append prompts to `out` until it holds `count`; returns the run's report (kept by kind, dropped by reason)."""
     out = pathlib.Path(out)
-    existing = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
+    existing = [json.loads(line) for line in open_text(out).read().splitlines() if line.strip()] if out.exists() else []
     dev = [prompt for path in shipped_prompt_sets().values() for prompt in read_prompts([path])]
     keep = PromptFilter(dev, [record["turns"][0] for record in existing])
     headers = {kind: user_header(tokenizer, kind) for kind in kinds}
@@ -114,18 +131,19 @@ def synthesize(target, tokenizer, out, *, count: int, kinds=tuple(KIND_SYSTEM_PR
             torch.manual_seed(seed * 1_000_003 + len(existing) + written + sum(dropped.values()))
             texts = decode(target, [headers[kind]] * batch_size, max_new_tokens=max_prompt_tokens,
                            stop_ids=stop_ids, pad_id=stop_ids[0], choose=choose)
-            with out.open("a", encoding="utf-8") as sink:
-                for ids in texts:
-                    complete = bool(ids) and ids[-1] in stop_ids
-                    text = tokenizer.decode(ids, skip_special_tokens=True).strip()
-                    why = keep.reason(text, complete)
-                    if why:
-                        dropped[why] += 1
-                    elif len(existing) + written < count:
-                        sink.write(json.dumps({"turns": [text], "kind": kind, "source": "magpie"}) + "\n")
-                        kept[kind] += 1
-                        written += 1
-                        bar.update(1)
+            lines = []
+            for ids in texts:
+                complete = bool(ids) and ids[-1] in stop_ids
+                text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+                why = keep.reason(text, complete)
+                if why:
+                    dropped[why] += 1
+                elif len(existing) + written < count:
+                    lines.append(json.dumps({"turns": [text], "kind": kind, "source": "magpie"}) + "\n")
+                    kept[kind] += 1
+                    written += 1
+                    bar.update(1)
+            append_lines(out, lines)
     return {"out": str(out), "prompts": len(existing) + written, "written": written, "by_kind": dict(kept),
             "dropped": dict(dropped), "hours": round((time.perf_counter() - started) / 3600, 3)}
 
