@@ -23,7 +23,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import InputError, non_negative_float, positive_int
-from ..prompts import open_text, read_prompts, shipped_prompt_sets
+from ..prompts import read_prompts, shipped_prompt_sets
+from .data import read_jsonl
 from .regenerate import decode, stop_token_ids, token_chooser
 
 # What the system turn says for each kind; None keeps the template's own default system turn.
@@ -115,7 +116,7 @@ def synthesize(target, tokenizer, out, *, count: int, kinds=tuple(KIND_SYSTEM_PR
                temperature: float = 1.0, top_p: float = 0.95, max_prompt_tokens: int = 192, seed: int = 0) -> dict:
     """Append prompts to `out` until it holds `count`; returns the run's report (kept by kind, dropped by reason)."""
     out = pathlib.Path(out)
-    existing = [json.loads(line) for line in open_text(out).read().splitlines() if line.strip()] if out.exists() else []
+    existing = read_jsonl(out) if out.exists() else []
     dev = [prompt for path in shipped_prompt_sets().values() for prompt in read_prompts([path])]
     keep = PromptFilter(dev, [record["turns"][0] for record in existing])
     headers = {kind: user_header(tokenizer, kind) for kind in kinds}
