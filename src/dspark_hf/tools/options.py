@@ -50,8 +50,8 @@ def add_sampling_arguments(parser, max_new_tokens: int = 128, threshold_help: st
 def add_compile_argument(parser) -> None:
     parser.add_argument("--compile", action="store_true",
                         help="compile the target as transformers does (static cache under torch.compile): on an "
-                        "AVX512-BF16 EPYC plain decoding ran 1.15x and DSpark 1.2x faster; the first call compiles "
-                        "(15-50 s on an idle CPU), before any timing")
+                        "AVX512-BF16 EPYC plain decoding ran 0.98-1.11x and DSpark 1.2x faster; the first call "
+                        "compiles (12-50 s on an idle CPU), before any timing")
 
 
 # ------------------------------------------------------------------ threads
