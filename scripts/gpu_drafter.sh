@@ -9,8 +9,14 @@
 #   bash scripts/gpu_drafter.sh OUT --toy     # CPU, about a minute: the same steps at toy size (tests/test_gpu_drafter.py)
 #
 # The target must be on the machine: SmolLM2 converted into $DSPARK_HF_CACHE/SmolLM2-135M-Instruct (scripts/setup.sh
-# makes it here), or TARGET=DIR. The GPU image has transformers 5.17; carry this package's needs as wheels in .whl
-# (the device README says how); they are installed first when present. Sizes: PROMPTS, BATCH, STEPS, TRAIN_BATCH.
+# makes it here), or TARGET=DIR. A GPU machine reaches no index, so scripts/gpu_pack.sh packs its GGUF in two parts
+# (.gpu/) and the wheels this needs beyond the image's (.whl/: gguf, transformers) for two calls; this joins the parts
+# and converts them, and installs the wheels first. Sizes: PROMPTS, BATCH, STEPS, TRAIN_BATCH.
+# A call carries at most 64 MiB of working tree, and the tracked tree is about that. For the calls, untrack what this
+# does not read (answer shards, drafters: 2.3 MB stay) without committing:
+#   git rm -r -q --cached data drafters src/dspark_hf/assets/smollm2_dspark/model.safetensors
+#   printf '/data/\n/drafters/\n/src/dspark_hf/assets/smollm2_dspark/model.safetensors\n' >> .git/info/exclude
+# and afterwards `git reset -q` and drop those three lines from .git/info/exclude.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: gpu_drafter.sh OUT [--toy]}
@@ -23,6 +29,11 @@ export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 python=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 dspark() { "$python" -m dspark_hf.tools.cli "$@"; }
 target=${TARGET:-smollm2}
+if [ "$target" = smollm2 ] && [ -f .gpu/smollm2.gguf.part0 ]; then  # scripts/gpu_pack.sh's parts, in order
+  cat .gpu/smollm2.gguf.part* > /tmp/smollm2.gguf
+  "$python" -c "import sys; from dspark_hf.tools.targets import ensure_smollm2; ensure_smollm2(gguf=sys.argv[1])" \
+      /tmp/smollm2.gguf
+fi
 if [ "$toy" = --toy ]; then
   prompts=${PROMPTS:-4} batch=${BATCH:-4} steps=${STEPS:-2} train_batch=${TRAIN_BATCH:-2} new_tokens=16
   device=(--device cpu --threads 1) dtype=float32 synth_batch=16 shard=2

