@@ -3,16 +3,16 @@
 # own prompts (dspark synthesize), then answers them greedily (dspark regenerate), one single-thread process
 # per core on alternate shards (processes scale better than threads for a 135M model). Both steps resume, so
 # killing this and starting it again loses at most one batch per process.
-# Usage: bash scripts/grow_smollm2_data.sh [PROMPTS]   (WORKERS=2 processes by default)
+# Usage: bash scripts/grow_smollm2_data.sh [PROMPTS]   (WORKERS=2 processes by default; a round: ~14 min on 2 CPU cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dspark=${DSPARK:-.venv/bin/dspark}  # DSPARK: another checkout's command, so edits here cannot break a long run
 workers=${WORKERS:-2}
-goal=${1:-12288}  # prompts in all, a multiple of the round
 shard=256
 step=1024         # four shards per round
 prompts=data/smollm2/magpie_prompts.jsonl.gz
 have=$( [ -f $prompts ] && zcat $prompts | wc -l || echo 0 )
+goal=${1:-$(( (have / step + 1) * step ))}  # prompts in all, a multiple of the round; unset: one round more
 for ((count = (have / step + 1) * step; count <= goal; count += step)); do
   $dspark synthesize --target smollm2 --dtype auto --threads "$workers" --out $prompts --count $count \
       --temperature 0.9 --top-p 0.95 --batch-size 64
