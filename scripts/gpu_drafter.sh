@@ -12,8 +12,8 @@
 # makes it here), or TARGET=DIR. A GPU machine reaches no index, so scripts/gpu_pack.sh packs its GGUF in two parts
 # (.gpu/) and the wheels this needs beyond the image's (.whl/: gguf, transformers) for two calls; this joins the parts
 # and converts them, and installs the wheels first. Sizes: PROMPTS, BATCH, STEPS, TRAIN_BATCH.
-# A call carries at most 64 MiB of working tree, and the tracked tree is about that. For the calls, untrack what this
-# does not read (answer shards, drafters: 2.3 MB stay) without committing:
+# A call carries at most 64 MiB of working tree, and the tracked tree is past that (66 MiB). For the calls,
+# untrack what this does not read (answer shards, drafters: 2.3 MB stay) without committing:
 #   git rm -r -q --cached data drafters src/dspark_hf/assets/smollm2_dspark/model.safetensors
 #   printf '/data/\n/drafters/\n/src/dspark_hf/assets/smollm2_dspark/model.safetensors\n' >> .git/info/exclude
 # and afterwards `git reset -q` and drop those three lines from .git/info/exclude.

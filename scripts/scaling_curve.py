@@ -42,14 +42,14 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
     path.write_text("".join(json.dumps(record) + "\n" for record in records))
 
 
-def make_splits(out: Path, base: int, eval_limit: int) -> dict:
+def make_splits(out: Path, base: int, eval_limit: int, shards: int) -> dict:
     """The nested training sets and the two held-out sets, written once (a rerun reads them back)."""
     plan_file = out / "plan.json"
     if plan_file.exists():
         return json.loads(plan_file.read_text())
     kinds = [kind for kind, _ in prompt_lines()]
     old = [dict(r, kind=kinds[r["prompt_index"]], source="train-prompts") for path in OLD for r in read_jsonl(path)]
-    magpie = magpie_answers()
+    magpie = magpie_answers(shards)
     answers = old + magpie
     pool = [r for r in answers if r["prompt_index"] % 20 != 19 and r["kind"] != "lbpp"]
     held = [r for r in answers if r["prompt_index"] % 20 == 19 and r["kind"] != "lbpp"]
@@ -60,7 +60,7 @@ def make_splits(out: Path, base: int, eval_limit: int) -> dict:
     for shuffled in (held, lbpp):
         random.Random(1).shuffle(shuffled)
     out.mkdir(parents=True, exist_ok=True)
-    plan = {"base": base, "pool": len(pool), "magpie_answers": len(magpie), "sets": {}}
+    plan = {"base": base, "pool": len(pool), "magpie_shards": shards, "magpie_answers": len(magpie), "sets": {}}
     for size in SIZES:
         chosen = pool[: base * size]
         write_jsonl(out / f"train_{size}x.jsonl", chosen)
@@ -168,6 +168,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=float, default=2.0, help="passes over each run's answers")
     parser.add_argument("--workers", type=int, default=2, help="single-thread processes at once")
     parser.add_argument("--eval-limit", type=int, default=120, help="answers per held-out set")
+    parser.add_argument("--shards", type=int, default=9, help="answer shards of the target's own prompts in the pool "
+                        "(the measured curve: the first 9; later shards would change every set)")
     parser.add_argument("--features-worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--evaluate", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -176,7 +178,7 @@ def main() -> None:
         return features(out, args.features_worker, args.workers)
     if args.evaluate is not None:
         return evaluate(out, args.evaluate)
-    plan = make_splits(out, args.base, args.eval_limit)
+    plan = make_splits(out, args.base, args.eval_limit, args.shards)
     print(json.dumps(plan), flush=True)
     (out / "layers.json").write_text(json.dumps([1, 10, 18, 27]))  # the shipped drafter's target layers
     log = out / "log.txt"

@@ -1,6 +1,6 @@
 """The SmolLM2 drafter's training mix, held-out sets and lever-study splits, from data/*.jsonl.
 
-    python scripts/smollm2_splits.py --out runs
+    python scripts/smollm2_splits.py --out runs [--shards 48]
 
 writes runs/grown/train.jsonl (the shipped drafter's data: every training answer, the target's own
 prompts included), runs/final/{train,heldout,heldout_prompts}.jsonl (the previous drafter's data and the
@@ -17,6 +17,7 @@ import json
 import random
 import sysconfig
 from pathlib import Path
+from typing import Optional
 
 from dspark_hf.tools.training.data import read_jsonl
 
@@ -40,11 +41,13 @@ def answers(path: str, kinds: list[tuple[str, str]]) -> list[dict]:
     return records
 
 
-def magpie_answers() -> list[dict]:
-    """The answers to the target's own prompts (`dspark synthesize`), kind `magpie-math|code|chat`."""
+def magpie_answers(shards: Optional[int] = None) -> list[dict]:
+    """The answers to the target's own prompts (`dspark synthesize`), kind `magpie-math|code|chat`.
+
+    `shards`: only the first so many shards, so a split made before later shards landed can be made again."""
     kinds = [record.get("kind", "chat") for record in read_jsonl(MAGPIE_PROMPTS)]
-    return [dict(r, kind="magpie-" + kinds[r["prompt_index"]], source="magpie")
-            for path in sorted(MAGPIE.glob("shard-*.jsonl.gz")) for r in read_jsonl(path)]
+    paths = sorted(MAGPIE.glob("shard-*.jsonl.gz"))[:shards]
+    return [dict(r, kind="magpie-" + kinds[r["prompt_index"]], source="magpie") for path in paths for r in read_jsonl(path)]
 
 
 def write(path: Path, records: list[dict]) -> None:
@@ -59,7 +62,9 @@ def write(path: Path, records: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs")
-    out = Path(parser.parse_args().out)
+    parser.add_argument("--shards", type=int, help="read only the first N answer shards (default: all; the shipped drafter: 48)")
+    args = parser.parse_args()
+    out = Path(args.out)
     kinds = prompt_lines()
     short = answers("data/smollm2_answers.jsonl.gz", kinds)
     long_ = answers("data/smollm2_answers_long_bf16.jsonl.gz", kinds)
@@ -67,7 +72,7 @@ def main() -> None:
     held = [r for r in short + long_ if r["prompt_index"] % 20 == 19]
 
     # The shipped drafter: every training answer once (the target's own prompts give chat and code their share).
-    write(out / "grown/train.jsonl", train + [r for r in magpie_answers() if r["prompt_index"] % 20 != 19])
+    write(out / "grown/train.jsonl", train + [r for r in magpie_answers(args.shards) if r["prompt_index"] % 20 != 19])
 
     # The previous drafter: chat and code listed twice, so chat, code and math weigh about the same.
     write(out / "final/train.jsonl", train + [r for r in train if r["kind"] in ("arena-hard-v2", "lbpp", "livecodebench")])
