@@ -47,7 +47,8 @@ def magpie_answers(shards: Optional[int] = None) -> list[dict]:
     `shards`: only the first so many shards, so a split made before later shards landed can be made again."""
     kinds = [record.get("kind", "chat") for record in read_jsonl(MAGPIE_PROMPTS)]
     paths = sorted(MAGPIE.glob("shard-*.jsonl.gz"))[:shards]
-    return [dict(r, kind="magpie-" + kinds[r["prompt_index"]], source="magpie") for path in paths for r in read_jsonl(path)]
+    return [dict(r, kind="magpie-" + kinds[r["prompt_index"]], source="magpie")
+            for path in paths for r in read_jsonl(path)]
 
 
 def write(path: Path, records: list[dict]) -> None:
@@ -62,7 +63,8 @@ def write(path: Path, records: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs")
-    parser.add_argument("--shards", type=int, help="read only the first N answer shards (default: all; the shipped drafter: 48)")
+    parser.add_argument("--shards", type=int,
+                        help="read only the first N answer shards (default: all; the shipped drafter: 48)")
     args = parser.parse_args()
     out = Path(args.out)
     kinds = prompt_lines()
