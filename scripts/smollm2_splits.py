@@ -1,6 +1,6 @@
 """The SmolLM2 drafter's training mix, held-out sets and lever-study splits, from data/*.jsonl.
 
-    python scripts/smollm2_splits.py --out runs [--shards 48]
+    python scripts/smollm2_splits.py --out runs [--shards 48] [--train-prompts DIR]
 
 writes runs/grown/train.jsonl (the shipped drafter's data: every training answer, the target's own
 prompts included), runs/final/{train,heldout,heldout_prompts}.jsonl (the previous drafter's data and the
@@ -22,20 +22,24 @@ from typing import Optional
 from dspark_hf.tools.training.data import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPTS = ROOT.parent / "shared" / "data" / "prompts" / "train"
+PROMPTS = ROOT.parent / "shared" / "data" / "prompts" / "train"  # the task's training prompts, beside the checkout
 MAGPIE = ROOT / "data/smollm2/magpie"
 MAGPIE_PROMPTS = ROOT / "data/smollm2/magpie_prompts.jsonl.gz"
 KINDS = ("aime24", "arena-hard-v2", "gsm8k", "lbpp", "livecodebench")  # sorted: `regenerate`'s round-robin order
 
 
-def prompt_lines() -> list[tuple[str, str]]:
+def prompt_lines(folder: Path) -> list[tuple[str, str]]:
     """(kind, jsonl line) per prompt index, in the order `dspark regenerate` read them."""
-    per_kind = [[(kind, line) for line in open(PROMPTS / f"{kind}.jsonl")] for kind in KINDS]
+    missing = [kind for kind in KINDS if not (folder / f"{kind}.jsonl").is_file()]
+    if missing:
+        raise SystemExit(f"smollm2_splits.py: no {missing[0]}.jsonl in {folder}; pass --train-prompts DIR, "
+                         "the folder of the training prompts the answers were regenerated from")
+    per_kind = [[(kind, line) for line in open(folder / f"{kind}.jsonl")] for kind in KINDS]
     return [x for round_ in itertools.zip_longest(*per_kind) for x in round_ if x is not None]
 
 
-def answers(path: str, kinds: list[tuple[str, str]]) -> list[dict]:
-    records = read_jsonl(Path(path))
+def answers(path: Path, kinds: list[tuple[str, str]]) -> list[dict]:
+    records = read_jsonl(path)
     for record in records:
         record["kind"] = kinds[record["prompt_index"]][0]
     return records
@@ -65,11 +69,13 @@ def main() -> None:
     parser.add_argument("--out", default="runs")
     parser.add_argument("--shards", type=int,
                         help="read only the first N answer shards (default: all; the shipped drafter: 48)")
+    parser.add_argument("--train-prompts", type=Path, default=PROMPTS,
+                        help="folder of aime24.jsonl, gsm8k.jsonl, ... (default: %(default)s)")
     args = parser.parse_args()
     out = Path(args.out)
-    kinds = prompt_lines()
-    short = answers("data/smollm2_answers.jsonl.gz", kinds)
-    long_ = answers("data/smollm2_answers_long_bf16.jsonl.gz", kinds)
+    kinds = prompt_lines(args.train_prompts)
+    short = answers(ROOT / "data/smollm2_answers.jsonl.gz", kinds)
+    long_ = answers(ROOT / "data/smollm2_answers_long_bf16.jsonl.gz", kinds)
     train = [r for r in short + long_ if r["prompt_index"] % 20 != 19]
     held = [r for r in short + long_ if r["prompt_index"] % 20 == 19]
 

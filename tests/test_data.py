@@ -3,6 +3,9 @@
 import functools
 import gzip
 import json
+import pathlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,7 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from dspark_hf.tools.cli import main
 from dspark_hf.tools.prompts import read_prompts, render_prompt
-from dspark_hf.tools.training.data import load_sequences, tokenize_texts
+from dspark_hf.tools.training.data import load_sequences, read_jsonl, tokenize_texts
 from dspark_hf.tools.training.regenerate import regenerate
 from dspark_hf.tools.training.synthesize import PromptFilter, synthesize, user_header
 
@@ -287,3 +290,29 @@ def test_synthesize_writes_exactly_count_prompts_of_each_kind_and_resumes(name, 
     assert [p.name for p in tmp_path.iterdir()] == [name]  # nothing left beside it
     header = tokenizer.decode(user_header(tokenizer, "code"))
     assert header.startswith("user") and "w" not in header  # the template up to the user's words, no further
+
+
+def test_committed_answer_shards_are_whole_and_answer_their_own_prompts():
+    """Shards land by an unattended loop; each must hold exactly its 256 prompts' answers, none lost or repeated."""
+    root = pathlib.Path(__file__).resolve().parents[1] / "data" / "smollm2"
+    recipe = json.loads((root / "magpie" / "recipe.json").read_text())
+    prompts = read_jsonl(root / "magpie_prompts.jsonl.gz")
+    shards = sorted((root / "magpie").glob("shard-*.jsonl.gz"))
+    assert [p.name for p in shards] == [f"shard-{i:05d}.jsonl.gz" for i in range(len(shards))]
+    assert len(prompts) >= recipe["shard_size"] * len(shards) and {p["kind"] for p in prompts} == {"math", "code", "chat"}
+    for number, shard in enumerate(shards):
+        records = read_jsonl(shard)
+        first = number * recipe["shard_size"]
+        assert sorted(r["prompt_index"] for r in records) == list(range(first, first + recipe["shard_size"])), shard
+        assert all(r["prompt_ids"] and r["response_ids"] for r in records), shard
+    assert len(load_sequences(root / "magpie")) == recipe["shard_size"] * len(shards)
+
+
+def test_smollm2_splits_names_the_missing_prompt_file_in_one_line(tmp_path):
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "smollm2_splits.py"
+    run = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "runs"), "--train-prompts", str(tmp_path)],
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    assert run.stderr.strip() == (f"smollm2_splits.py: no aime24.jsonl in {tmp_path}; pass --train-prompts DIR, "
+                                  "the folder of the training prompts the answers were regenerated from")
+    assert not (tmp_path / "runs").exists()
