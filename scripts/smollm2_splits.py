@@ -28,7 +28,7 @@ MAGPIE_PROMPTS = ROOT / "data/smollm2/magpie_prompts.jsonl.gz"
 KINDS = ("aime24", "arena-hard-v2", "gsm8k", "lbpp", "livecodebench")  # sorted: `regenerate`'s round-robin order
 
 
-def prompt_lines(folder: Path) -> list[tuple[str, str]]:
+def prompt_lines(folder: Path = PROMPTS) -> list[tuple[str, str]]:
     """(kind, jsonl line) per prompt index, in the order `dspark regenerate` read them."""
     missing = [kind for kind in KINDS if not (folder / f"{kind}.jsonl").is_file()]
     if missing:
