@@ -23,7 +23,7 @@ from dspark_hf.tools.training.data import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT.parent / "shared" / "data" / "prompts" / "train"  # the task's training prompts, beside the checkout
-MAGPIE = ROOT / "data/smollm2/magpie"
+MAGPIE = (ROOT / "data/smollm2/magpie", ROOT / "data/smollm2/magpie_fp32")  # bf16 and fp32 answers, disjoint shards
 MAGPIE_PROMPTS = ROOT / "data/smollm2/magpie_prompts.jsonl.gz"
 KINDS = ("aime24", "arena-hard-v2", "gsm8k", "lbpp", "livecodebench")  # sorted: `regenerate`'s round-robin order
 
@@ -48,9 +48,11 @@ def answers(path: Path, kinds: list[tuple[str, str]]) -> list[dict]:
 def magpie_answers(shards: Optional[int] = None) -> list[dict]:
     """The answers to the target's own prompts (`dspark synthesize`), kind `magpie-math|code|chat`.
 
-    `shards`: only the first so many shards, so a split made before later shards landed can be made again."""
+    `shards`: only the first so many shards (by shard number, over both folders), so a split made before later
+    shards landed can be made again."""
     kinds = [record.get("kind", "chat") for record in read_jsonl(MAGPIE_PROMPTS)]
-    paths = sorted(MAGPIE.glob("shard-*.jsonl.gz"))[:shards]
+    paths = sorted((path for folder in MAGPIE for path in folder.glob("shard-*.jsonl.gz")), key=lambda p: p.name)
+    paths = paths[:shards]
     return [dict(r, kind="magpie-" + kinds[r["prompt_index"]], source="magpie")
             for path in paths for r in read_jsonl(path)]
 

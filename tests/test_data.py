@@ -293,19 +293,24 @@ def test_synthesize_writes_exactly_count_prompts_of_each_kind_and_resumes(name, 
 
 
 def test_committed_answer_shards_are_whole_and_answer_their_own_prompts():
-    """Shards land by an unattended loop; each must hold exactly its 256 prompts' answers, none lost or repeated."""
+    """Shards land by an unattended loop, bf16 ones in magpie/ and fp32 ones in magpie_fp32/ (whichever dtype the
+    machine's `auto` was); together they must number 0..n-1 once each, each holding exactly its 256 prompts' answers."""
     root = pathlib.Path(__file__).resolve().parents[1] / "data" / "smollm2"
-    recipe = json.loads((root / "magpie" / "recipe.json").read_text())
+    folders = [root / "magpie", *[root / "magpie_fp32"] * (root / "magpie_fp32").is_dir()]
+    recipes = [json.loads((folder / "recipe.json").read_text()) for folder in folders]
+    assert [r["dtype"] for r in recipes] == ["bfloat16", "float32"][: len(folders)]
+    assert all({**r, "dtype": None} == {**recipes[0], "dtype": None} for r in recipes)  # only the dtype differs
+    size = recipes[0]["shard_size"]
     prompts = read_jsonl(root / "magpie_prompts.jsonl.gz")
-    shards = sorted((root / "magpie").glob("shard-*.jsonl.gz"))
+    shards = sorted((path for folder in folders for path in folder.glob("shard-*.jsonl.gz")), key=lambda p: p.name)
     assert [p.name for p in shards] == [f"shard-{i:05d}.jsonl.gz" for i in range(len(shards))]
-    assert len(prompts) >= recipe["shard_size"] * len(shards) and {p["kind"] for p in prompts} == {"math", "code", "chat"}
+    assert len(prompts) >= size * len(shards) and {p["kind"] for p in prompts} == {"math", "code", "chat"}
     for number, shard in enumerate(shards):
         records = read_jsonl(shard)
-        first = number * recipe["shard_size"]
-        assert sorted(r["prompt_index"] for r in records) == list(range(first, first + recipe["shard_size"])), shard
+        first = number * size
+        assert sorted(r["prompt_index"] for r in records) == list(range(first, first + size)), shard
         assert all(r["prompt_ids"] and r["response_ids"] for r in records), shard
-    assert len(load_sequences(root / "magpie")) == recipe["shard_size"] * len(shards)
+    assert sum(len(load_sequences(folder)) for folder in folders) == size * len(shards)
 
 
 def test_smollm2_splits_names_the_missing_prompt_file_in_one_line(tmp_path):
