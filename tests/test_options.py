@@ -278,13 +278,16 @@ def test_the_qwen3_example_fails_fast_and_in_one_line_without_the_hub(tmp_path, 
 
 def test_busy_cores_sees_a_busy_process_now_and_nothing_on_a_quiet_machine():
     quiet = busy_cores(0.3)
+    room = min(1.0, (os.cpu_count() or 1) - quiet)  # a machine busy already has less core left to fill
+    if room < 0.5:  # every core already busy (a session's background job): one more process cannot show
+        pytest.skip(f"{quiet:.1f} of {os.cpu_count()} cores are busy already; nothing left to fill")
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)
         loaded = busy_cores(0.5)
     finally:
         spinner.kill()
-    room = min(1.0, (os.cpu_count() or 1) - quiet)  # a machine busy already has less core left to fill
+        spinner.wait()
     assert loaded - quiet > 0.6 * room  # one spinning process is about one more busy core, seen at once
 
 
