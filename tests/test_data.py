@@ -310,7 +310,7 @@ def test_committed_answer_shards_are_whole_and_answer_their_own_prompts():
         first = number * size
         assert sorted(r["prompt_index"] for r in records) == list(range(first, first + size)), shard
         assert all(r["prompt_ids"] and r["response_ids"] for r in records), shard
-    assert sum(len(load_sequences(folder)) for folder in folders) == size * len(shards)
+    assert sum(len(load_sequences(shard)) for shard in shards) == size * len(shards)  # what training reads of them
 
 
 def test_smollm2_splits_names_the_missing_prompt_file_in_one_line(tmp_path):
