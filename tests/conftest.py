@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import types
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,13 @@ def drafter_rounds_by_default(monkeypatch):
 
     Hybrid n-gram drafting is tested on its own, with injected cost tables (test_hybrid.py)."""
     monkeypatch.setattr("dspark_hf.core.scheduling.DEFAULT_NGRAM", False)
+
+
+@pytest.fixture
+def quiet_machine(monkeypatch):
+    """Profiling sees no other process busy, so its table is kept on disk whatever else runs beside the tests
+    (a table timed beside another job is not kept; test_scheduler.py tests that on its own)."""
+    monkeypatch.setattr("dspark_hf.core.costs.OtherProcesses", lambda: types.SimpleNamespace(busy_cores=lambda: 0.0))
 
 
 def tiny_target(family: str = "qwen3", vocab: int = VOCAB, seed: int = 0, layers: int = 4):

@@ -142,7 +142,7 @@ class CharacterTokenizer:
         return {"input_ids": [ord(ch) % 20 for ch in text[:12]]}
 
 
-def test_calibrate_command_writes_json_table_and_diagram(tmp_path, monkeypatch, capsys):
+def test_calibrate_command_writes_json_table_and_diagram(tmp_path, monkeypatch, capsys, quiet_machine):
     monkeypatch.setenv("DSPARK_HF_CACHE", str(tmp_path / "cache"))
     target = tiny_target("qwen3")
     path = write_bigram_deepspec(target, tmp_path / "d", block_size=5)

@@ -27,7 +27,8 @@ from dspark_hf.tools.options import (
     timed_generate,
 )
 from dspark_hf.tools.prompts import prompt_file, read_prompts, shipped_prompt_sets
-from dspark_hf.tools.targets import busy_cores, default_threads, resolve_dtype
+from dspark_hf.core.machine import busy_cores
+from dspark_hf.tools.targets import default_threads, resolve_dtype
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ["generate", "train", "regenerate", "synthesize", "export", "bench", "calibrate", "demo"]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 import types
 
 import pytest
@@ -11,7 +14,9 @@ from transformers import GenerationConfig
 
 from conftest import tiny_target, write_deepspec
 from dspark_hf import DSparkDrafter
+from dspark_hf.core import costs
 from dspark_hf.core.costs import cost_table_path, profile_costs
+from dspark_hf.core.machine import OtherProcesses, busy_cores
 from dspark_hf.core.modeling import ContextCache
 from dspark_hf.core.ngram import MAX_PROPOSAL_TOKENS
 from dspark_hf.core.sampling import DraftTokenChooser
@@ -265,7 +270,7 @@ def test_cost_table_must_cover_the_block(tmp_path):
 
 
 # --------------------------------------------------------- profiling
-def test_profiled_once_then_read_from_disk(tmp_path, monkeypatch):
+def test_profiled_once_then_read_from_disk(tmp_path, monkeypatch, quiet_machine):
     monkeypatch.setenv("DSPARK_HF_CACHE", str(tmp_path / "cache"))
     target = tiny_target("llama")
     drafter = build(target, tmp_path, "bigram", block_size=4)
@@ -306,7 +311,7 @@ def test_auto_picks_the_cost_scheduler_where_verifying_a_block_is_dear(table, ch
     assert drafter.last_scheduler == chosen
 
 
-def test_first_profile_is_announced(tmp_path, monkeypatch, capsys):
+def test_first_profile_is_announced(tmp_path, monkeypatch, capsys, quiet_machine):
     monkeypatch.setenv("DSPARK_HF_CACHE", str(tmp_path / "cache"))
     target = tiny_target("llama")
     drafter = build(target, tmp_path, "bigram", block_size=4)
@@ -314,6 +319,46 @@ def test_first_profile_is_announced(tmp_path, monkeypatch, capsys):
     assert "profiling verify and draft costs" in capsys.readouterr().err
     profile_costs(drafter)
     assert capsys.readouterr().err == ""  # cached: said once
+
+
+def test_a_table_timed_beside_another_job_serves_this_process_only(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DSPARK_HF_CACHE", str(tmp_path / "cache"))
+    target = tiny_target("llama")
+    drafter = build(target, tmp_path, "bigram", block_size=4)
+    path, others = cost_table_path(drafter), {"busy": 1.0}
+    monkeypatch.setattr(costs, "OtherProcesses", lambda: types.SimpleNamespace(busy_cores=lambda: others["busy"]))
+    monkeypatch.setattr(costs, "measure_costs", lambda drafter: TABLES["graded"])
+    assert profile_costs(drafter) == TABLES["graded"] == drafter.cost_table  # this process uses it
+    assert not path.exists()
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 2 and "other processes kept 1.0 cores busy meanwhile" in said[1]
+    others["busy"] = 0.2  # the next process, on a quiet machine, measures again and keeps that table
+    monkeypatch.setattr(costs, "measure_costs", lambda drafter: TABLES["flat"])
+    assert profile_costs(drafter) == TABLES["flat"]
+    assert json.loads(path.read_text())["other_busy_cores"] == 0.2 and "busy" not in capsys.readouterr().err
+    assert profile_costs(drafter) == TABLES["flat"]  # read from disk
+
+
+def test_other_processes_counts_a_spinning_process_and_not_this_one():
+    """What keeps a busy-machine table off the disk, on the real /proc/stat: this process's own work is not
+    counted, another process's is."""
+    if busy_cores(0.3) > 0.3 or len(OtherProcesses().cpus) < 2:
+        pytest.skip("needs two idle cores: one for this process, one for the spinner")
+    own = OtherProcesses()
+    spun = time.perf_counter() + 0.5
+    while time.perf_counter() < spun:
+        pass
+    busy_own = own.busy_cores()
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        beside = OtherProcesses()
+        time.sleep(0.5)
+        busy_beside = beside.busy_cores()
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert busy_own < 0.4 < 0.6 < busy_beside < 1.4
 
 
 def test_a_confidence_exactly_on_the_threshold_is_verified():

@@ -16,14 +16,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import zipfile
 from importlib import resources
 
 import torch
 
 from ..core.config import CheckpointError
-from ..core.machine import CACHE_ENV_VAR, cache_root
+from ..core.machine import CACHE_ENV_VAR, busy_cores, cache_root, usable_cpus
 from ..formats.loader import DSparkDrafter, looks_like_path
 from .errors import InputError
 
@@ -219,25 +218,6 @@ def default_threads(environ, cores: int, load: float, torch_default: int) -> tup
     return min(torch_default, max(1, cores - round(load))), f"{cores} cores, load {load:.1f}; --threads N to change"
 
 
-def busy_cores(seconds: float = 0.2) -> float:
-    """CPUs in use now, from two /proc/stat samples; the 1-minute load average where there is no /proc/stat.
-
-    A live sample, not the load average: that one still counts, for a minute, a job that has ended."""
-    def ticks() -> tuple[int, int]:
-        with open("/proc/stat", encoding="ascii") as stat:
-            fields = [int(value) for value in stat.readline().split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # all, idle + iowait
-
-    try:
-        total, idle = ticks()
-        time.sleep(seconds)
-        total_after, idle_after = ticks()
-    except (OSError, ValueError, IndexError):
-        return os.getloadavg()[0]
-    elapsed = max(1, total_after - total)
-    return (1 - (idle_after - idle) / elapsed) * (os.cpu_count() or 1)
-
-
 def set_threads(threads: int | None = None) -> str:
     """Sets torch's CPU threads to `threads`, else to `default_threads`; returns how the count was chosen.
 
@@ -246,7 +226,7 @@ def set_threads(threads: int | None = None) -> str:
     if threads:
         torch.set_num_threads(threads)
         return "set by --threads"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = len(usable_cpus())
     chosen, why = default_threads(os.environ, cores, busy_cores(), torch.get_num_threads())
     torch.set_num_threads(chosen)
     return why
