@@ -49,16 +49,14 @@ def cpu_ticks(cpus: set[int]) -> Optional[tuple[int, int]]:
 
 
 def busy_cores(seconds: float = 0.2) -> float:
-    """Of the CPUs this process may use, how many are busy now: two /proc/stat samples `seconds` apart (the
-    1-minute load average where there is no /proc/stat). A live sample, not the load average, which still counts
-    for a minute a job that has ended."""
-    cpus = usable_cpus()
-    before = cpu_ticks(cpus)
-    time.sleep(seconds)
-    after = cpu_ticks(cpus)
-    if before is None or after is None:
+    """Of the CPUs this process may use, how many other processes keep busy now: /proc/stat over `seconds` while
+    this one sleeps (the 1-minute load average where there is no /proc/stat). A live sample, not the load
+    average, which still counts for a minute a job that has ended."""
+    others = OtherProcesses()
+    if others.ticks is None:
         return os.getloadavg()[0]
-    return (1 - (after[1] - before[1]) / max(1, after[0] - before[0])) * len(cpus)
+    time.sleep(seconds)
+    return others.busy_cores()
 
 
 @dataclasses.dataclass
