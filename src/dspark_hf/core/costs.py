@@ -234,7 +234,8 @@ def profile_costs(drafter, refresh: bool = False) -> CostTable:
         table = measure_costs(drafter)
         seconds = time.perf_counter() - started
         busy = others.busy_cores() if drafter.device.type == "cpu" else 0.0
-        if busy < QUIET_OTHER_CORES:
+        keep = busy < QUIET_OTHER_CORES
+        if keep:
             path.parent.mkdir(parents=True, exist_ok=True)
             record = {**table.to_dict(), "key": cost_table_key(drafter), "profile_seconds": round(seconds, 2),
                       "other_busy_cores": round(busy, 2)}
@@ -242,7 +243,7 @@ def profile_costs(drafter, refresh: bool = False) -> CostTable:
             temporary.write_text(json.dumps(record, indent=2))
             temporary.replace(path)
         block = drafter.config.num_draft_tokens + 1
-        kept = ("" if busy < QUIET_OTHER_CORES else f"; other processes kept {busy:.1f} cores busy meanwhile, so it "
+        kept = ("" if keep else f"; other processes kept {busy:.1f} cores busy meanwhile, so it "
                 "serves this process only and the next one measures again (a table measured on a quiet machine is kept)")
         print(
             f"[dspark_hf] cost table measured in {seconds:.1f} s: T_verify(1) {table.verify(1) * 1e3:.1f} ms, "
