@@ -165,13 +165,12 @@ class Layout:
     taps: int = 5
 
 
-LAYOUTS = [
+LAYOUTS = [  # deepseek-ai/dflash_qwen3_8b_block7 is dspark_qwen3_8b_block7 without its heads: its 4B twin covers it
     Layout("deepseek-ai/dspark_qwen3_4b_block7", "4b", DSPARK_QWEN3_4B, 256, True, copies=True),
     Layout("deepseek-ai/dflash_qwen3_4b_block7", "4b", without_heads(DSPARK_QWEN3_4B), copies=True),
     Layout("z-lab/Qwen3-4B-DFlash-b16", "4b", ZLAB_QWEN3_4B),
     Layout("specforge/qwen3-4b-dspark", "4b", SPECFORGE_QWEN3_4B, 256, True),
     Layout("deepseek-ai/dspark_qwen3_8b_block7", "8b", DSPARK_QWEN3_8B, 256, True, copies=True),
-    Layout("deepseek-ai/dflash_qwen3_8b_block7", "8b", without_heads(DSPARK_QWEN3_8B), copies=True),
     Layout("z-lab/Qwen3-8B-DFlash-b16", "8b", ZLAB_QWEN3_8B),
     Layout("mgoin/Qwen3-8B-speculator.dspark", "8b", SPECULATORS_QWEN3_8B, 256, True, draft_vocab=32000),
 ]

@@ -218,7 +218,7 @@ def test_sampled_output_has_the_target_distribution(table, tmp_path, monkeypatch
     simulate_costs(monkeypatch, target, drafter, TABLES[table])
     config = cost_config(do_sample=True, temperature=0.8, top_k=4, max_new_tokens=6)
     prompt = torch.tensor([[1, 3, 0, 2]])
-    length, samples = 3, 1500
+    length, samples = 3, 1000
     torch.manual_seed(0)
     counts, lengths, skipped = {}, set(), 0
     for _ in range(samples):
