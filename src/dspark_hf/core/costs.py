@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from .lm_head import column_rows
 from .machine import OtherProcesses, cache_root, cpu_model
 from .modeling import ContextCache
 from .ngram import MAX_PROPOSAL_TOKENS
@@ -80,7 +81,7 @@ def _device_name(device: torch.device) -> str:
 
 
 def cost_table_key(drafter) -> dict:
-    """What the measured times depend on: both architectures, the device, the dtypes and CPU threads."""
+    """What the measured times depend on: both architectures, the device, the dtypes, CPU threads and the head's product."""
     target = drafter.target
     device = drafter.device
     return {
@@ -91,6 +92,7 @@ def cost_table_key(drafter) -> dict:
         "device_name": _device_name(device),
         "cpu_threads": torch.get_num_threads() if device.type == "cpu" else None,
         "target_dtype": str(target.get_input_embeddings().weight.dtype),
+        "head_column_rows": column_rows(target.get_output_embeddings()),
         "drafter_dtype": str(drafter.dtype),
         "torch": torch.__version__,
         "verify_lengths": MAX_PROPOSAL_TOKENS + 1,
