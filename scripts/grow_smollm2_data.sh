@@ -18,7 +18,8 @@ dtype=${DTYPE:-$($python -c 'from dspark_hf.tools.targets import resolve_dtype; 
 answers=data/smollm2/magpie$( [ "$dtype" = bfloat16 ] || echo "_${dtype/float/fp}" )
 have=$( [ -f $prompts ] && zcat $prompts | wc -l || echo 0 )
 goal=${1:-$(( (have / step + 1) * step ))}  # prompts in all, a multiple of the round; unset: one round more
-for ((count = (have / step + 1) * step; count <= goal; count += step)); do
+first=$(( have > 0 ? (have + step - 1) / step * step : step ))  # a round cut short (prompts written, answers not) is finished first
+for ((count = first; count <= goal; count += step)); do
   $dspark synthesize --target smollm2 --dtype auto --threads "$workers" --out $prompts --count $count \
       --temperature 0.9 --top-p 0.95 --batch-size 64
   todo=()  # shards no folder holds yet (finished shards of this folder are skipped by regenerate itself)
