@@ -289,6 +289,9 @@ def test_candidate_generator_is_the_public_class(tmp_path):
     )
     assert isinstance(generator, DSparkCandidateGenerator)
     assert generator.model_kwargs_overrides == {"output_hidden_states": [i + 1 for i in drafter.config.target_layer_ids]}
+    # transformers >= 5.25 asks every candidate generator how many tokens a round may propose (the drafter's threshold
+    # scheduler in tests has no n-gram rounds, so its block)
+    assert generator.num_drafting_tokens == drafter.config.num_draft_tokens
 
 
 def test_a_prefilled_cache_still_gives_the_drafter_the_whole_context(tmp_path):

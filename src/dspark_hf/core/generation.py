@@ -272,6 +272,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.costs = cost_table(drafter) if hybrid or self.scheduler == COST_SCHEDULER else None
         self.gate = DraftingGate(self.costs) if self.scheduler == COST_SCHEDULER else None
         self.ngram = NgramIndex() if hybrid else None
+        # The most tokens one round may propose; transformers >= 5.25 reads it to size what a cache records.
+        self.num_drafting_tokens = max(drafter.config.num_draft_tokens, MAX_PROPOSAL_TOKENS if hybrid else 0)
         self.ngram_stats = AcceptanceStats()  # keyed by match length
         self.dspark_stats = AcceptanceStats()  # one key: weighs a drafter without a confidence head
         calibration = drafter.calibration
