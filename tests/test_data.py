@@ -11,11 +11,12 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers.cache_utils import DynamicLayer
 
 from dspark_hf.tools.cli import main
 from dspark_hf.tools.prompts import read_prompts, render_prompt
 from dspark_hf.tools.training.data import load_sequences, read_jsonl, tokenize_texts
-from dspark_hf.tools.training.regenerate import regenerate
+from dspark_hf.tools.training.regenerate import PreallocatedLayer, regenerate
 from dspark_hf.tools.training.synthesize import PromptFilter, synthesize, user_header
 
 WORDS = ["<pad>", "<unk>", "user", "bot", "nothink"] + [f"w{i}" for i in range(27)]
@@ -149,13 +150,15 @@ def answers_in(folder):
 
 
 def count_rows(monkeypatch, model):
-    """Rows of every forward pass after the prefill, per regenerate batch."""
+    """Rows of every forward pass after the prefill, per regenerate batch (each pass checks its cache)."""
     rows = []
     original = model.forward
 
     @functools.wraps(original)  # keeps the signature, which says how the cache is passed
     def counting(*args, **kwargs):
         rows.append((kwargs["input_ids"].shape[1] > 1, kwargs["input_ids"].shape[0]))
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        assert all(type(layer) is PreallocatedLayer for layer in cache.layers)  # no copy of the cache per step
         return original(*args, **kwargs)
 
     monkeypatch.setattr(model, "forward", counting)
@@ -164,6 +167,7 @@ def count_rows(monkeypatch, model):
 
 def test_regenerate_matches_unbatched_greedy_and_drops_finished_rows(tmp_path, target_and_tokenizer, monkeypatch):
     model, tokenizer = target_and_tokenizer
+    alone = [greedy_alone(model, render_prompt(tokenizer, prompt)) for prompt in PROMPTS]
     rows = count_rows(monkeypatch, model)
 
     done = regenerate(model, tokenizer, PROMPTS, tmp_path / "out", batch_size=4, shard_size=3,
@@ -177,7 +181,7 @@ def test_regenerate_matches_unbatched_greedy_and_drops_finished_rows(tmp_path, t
         prompt_ids = render_prompt(tokenizer, prompt)
         response = records[(index, 0)]["response_ids"]
         assert records[(index, 0)]["prompt_ids"] == prompt_ids
-        assert response == greedy_alone(model, prompt_ids)
+        assert response == alone[index]
         stopped_early += response[-1] == eos and len(response) < MAX_NEW_TOKENS
     assert 0 < stopped_early < len(PROMPTS)  # both stopping and non-stopping answers were checked
     # a finished row leaves the batch: after the prefill, one row per answer token still to come
@@ -185,6 +189,27 @@ def test_regenerate_matches_unbatched_greedy_and_drops_finished_rows(tmp_path, t
     # shards 0 and 1 hold prompts 0-2 and 3-5, compressed; the tail (6-7) waits for a third prompt
     names = sorted(path.name for path in (tmp_path / "out").iterdir())
     assert names == ["recipe.json", "shard-00000.jsonl.gz", "shard-00001.jsonl.gz", "shard-00002.partial.jsonl"]
+
+
+def test_preallocated_layer_holds_what_concatenation_holds_without_reallocating():
+    torch.manual_seed(0)
+    grown, preallocated = DynamicLayer(), PreallocatedLayer(capacity=9)
+    steps = [(torch.randn(4, 2, 5, 3), torch.randn(4, 2, 5, 8))] + [
+        (torch.randn(4, 2, 1, 3), torch.randn(4, 2, 1, 8)) for _ in range(2)]
+    rows = torch.tensor([0, 2, 3])
+    for step, (keys, values) in enumerate(steps + [(k[rows], v[rows]) for k, v in steps[1:]]):
+        if step == len(steps):  # one row finished: both keep rows 0, 2 and 3
+            grown.batch_select_indices(rows)
+            preallocated.batch_select_indices(rows)
+        expected = grown.update(keys, values)
+        storage = preallocated.key_buffer.untyped_storage().data_ptr() if step else None
+        got = preallocated.update(keys, values)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+        assert preallocated.get_seq_length() == grown.get_seq_length() == 5 + step
+        if step:  # written in place: the buffers allocated by the prefill are the ones still in use
+            assert preallocated.key_buffer.untyped_storage().data_ptr() == storage
+    with pytest.raises(RuntimeError, match="holds 9 positions"):
+        preallocated.update(*(tensor[rows] for tensor in steps[1]))
 
 
 def test_regenerate_rewrites_one_shard_and_resumes_after_a_kill(tmp_path, target_and_tokenizer, monkeypatch):

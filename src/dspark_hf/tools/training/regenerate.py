@@ -11,7 +11,9 @@ and a run with another recipe is refused rather than mixed in.
 Decoding is a loop of our own rather than `generate()`: a row leaves the batch (and its KV
 cache) as soon as it writes a stop token, where `generate()` keeps decoding finished rows as
 padding until the longest answer ends. Prompts are sorted by length within a shard, so rows
-of a batch need little left padding.
+of a batch need little left padding. The KV cache is allocated once per batch at its final
+length: growing it by concatenation copied the whole cache every step, a third of a step's time
+for 64 rows at 300 positions (SmolLM2, one CPU thread).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 from transformers import DynamicCache, TemperatureLogitsWarper, TopPLogitsWarper
+from transformers.cache_utils import DynamicLayer
 
 from ...core.sampling import draw
 from ..errors import InputError, non_negative_float, positive_int
@@ -56,6 +59,51 @@ def token_chooser(temperature: float, top_p: float = 1.0) -> Callable[[torch.Ten
     return choose
 
 
+class PreallocatedLayer(DynamicLayer):
+    """A `DynamicLayer` that writes into buffers of a fixed capacity instead of concatenating each step."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        (rows, key_heads, _, key_width), (_, value_heads, _, value_width) = key_states.shape, value_states.shape
+        self.device = key_states.device
+        self.key_buffer = key_states.new_empty(rows, key_heads, self.capacity, key_width)
+        self.value_buffer = value_states.new_empty(rows, value_heads, self.capacity, value_width)
+        self.keys, self.values = self.key_buffer[:, :, :0], self.value_buffer[:, :, :0]
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self.keys.shape[-2]
+        end = start + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"the preallocated cache holds {self.capacity} positions; this step needs {end}")
+        self.key_buffer[:, :, start:end] = key_states
+        self.value_buffer[:, :, start:end] = value_states
+        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the `indices` rows, moved to the front of the same buffers."""
+        if not self.is_initialized:
+            return
+        length, rows = self.keys.shape[-2], len(indices)
+        self.key_buffer[:rows, :, :length] = self.keys[indices]
+        self.value_buffer[:rows, :, :length] = self.values[indices]
+        self.key_buffer, self.value_buffer = self.key_buffer[:rows], self.value_buffer[:rows]
+        self.keys, self.values = self.key_buffer[:, :, :length], self.value_buffer[:, :, :length]
+
+
+def preallocated_cache(config, capacity: int) -> DynamicCache:
+    """A `DynamicCache` whose full-attention layers hold `capacity` positions from the start."""
+    cache = DynamicCache(config=config)
+    cache.layers = [PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
 @torch.inference_mode()
 def decode(
     target, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, stop_ids: Sequence[int], pad_id: int,
@@ -73,7 +121,7 @@ def decode(
     positions = (attention_mask.cumsum(-1) - 1).clamp_min(0)
     # transformers renamed `past_key_values` to `cache` (5.2x); older releases know only the first
     cache = {("cache" if "cache" in inspect.signature(target.forward).parameters else "past_key_values"):
-             DynamicCache(config=target.config)}
+             preallocated_cache(target.config, width + max_new_tokens)}
     logits = target(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                     use_cache=True, logits_to_keep=1, **cache).logits[:, -1]
     next_position = positions[:, -1] + 1
