@@ -22,10 +22,14 @@ first=$(( have > 0 ? (have + step - 1) / step * step : step ))  # a round cut sh
 for ((count = first; count <= goal; count += step)); do
   $dspark synthesize --target smollm2 --dtype auto --threads "$workers" --out $prompts --count $count \
       --temperature 0.9 --top-p 0.95 --batch-size 64
-  todo=()  # shards no folder holds yet (finished shards of this folder are skipped by regenerate itself)
+  todo=()  # shards no other folder holds (finished shards of this folder are skipped by regenerate itself)
   for ((index = 0; index < count / shard; index++)); do
     name=$(printf 'shard-%05d.jsonl.gz' $index)
-    [ "$answers" != data/smollm2/magpie ] && [ -f data/smollm2/magpie/$name ] || todo+=($index)
+    elsewhere=0
+    for folder in data/smollm2/magpie*/; do
+      [ "${folder%/}" != "$answers" ] && [ -f "$folder$name" ] && elsewhere=1
+    done
+    [ $elsewhere = 1 ] || todo+=($index)
   done
   for ((worker = 0; worker < workers; worker++)); do
     mine=(); for ((i = worker; i < ${#todo[@]}; i += workers)); do mine+=(${todo[i]}); done
