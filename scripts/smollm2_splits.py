@@ -2,8 +2,9 @@
 
     python scripts/smollm2_splits.py --out runs [--shards 48] [--train-prompts DIR]
 
-writes runs/grown/train.jsonl (the shipped drafter's data: every training answer, the target's own
-prompts included), runs/final/{train,heldout,heldout_prompts}.jsonl (the previous drafter's data and the
+writes runs/grown/train.jsonl (every training answer, the target's own prompts included), with
+`--new-from K --replay N` also runs/grown/continue.jsonl (the shipped drafter's last run: every training answer
+of shards K and up, plus N earlier ones drawn at random, so a continued run reads each new answer), runs/final/{train,heldout,heldout_prompts}.jsonl (the previous drafter's data and the
 held-out sets) and runs/levers/{train_base,train_no_lbpp,train_half,eval_in,eval_lbpp,eval_aime}.jsonl plus
 text_prompts.txt and text_python.txt (the `--text` lever). Held out everywhere: answers with
 `prompt_index % 20 == 19`. Deterministic (fixed seeds); no dev prompt is read.
@@ -74,6 +75,8 @@ def main() -> None:
                              "the one before: 84)")
     parser.add_argument("--train-prompts", type=Path, default=PROMPTS,
                         help="folder of aime24.jsonl, gsm8k.jsonl, ... (default: %(default)s)")
+    parser.add_argument("--new-from", type=int, help="write runs/grown/continue.jsonl: the answers of shards K and up ...")
+    parser.add_argument("--replay", type=int, default=0, help="... plus this many earlier training answers (seeded)")
     args = parser.parse_args()
     out = Path(args.out)
     kinds = prompt_lines(args.train_prompts)
@@ -83,7 +86,11 @@ def main() -> None:
     held = [r for r in short + long_ if r["prompt_index"] % 20 == 19]
 
     # The shipped drafter: every training answer once (the target's own prompts give chat and code their share).
-    write(out / "grown/train.jsonl", train + [r for r in magpie_answers(args.shards) if r["prompt_index"] % 20 != 19])
+    grown = train + [r for r in magpie_answers(args.shards) if r["prompt_index"] % 20 != 19]
+    write(out / "grown/train.jsonl", grown)
+    if args.new_from is not None:
+        seen = len(train) + sum(r["prompt_index"] % 20 != 19 for r in magpie_answers(args.new_from))
+        write(out / "grown/continue.jsonl", grown[seen:] + random.Random(5).sample(grown[:seen], args.replay))
 
     # The previous drafter: chat and code listed twice, so chat, code and math weigh about the same.
     write(out / "final/train.jsonl", train + [r for r in train if r["kind"] in ("arena-hard-v2", "lbpp", "livecodebench")])
