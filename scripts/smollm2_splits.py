@@ -3,9 +3,9 @@
     python scripts/smollm2_splits.py --out runs [--shards 48] [--train-prompts DIR]
 
 writes runs/grown/train.jsonl (every training answer, the target's own prompts included), with
-`--new-from K --replay N` also runs/grown/continue.jsonl (the shipped drafter's last run: every training answer
-of shards K and up, plus N earlier ones drawn at random, so a continued run reads each new answer), runs/final/{train,heldout,heldout_prompts}.jsonl (the previous drafter's data and the
-held-out sets) and runs/levers/{train_base,train_no_lbpp,train_half,eval_in,eval_lbpp,eval_aime}.jsonl plus
+`--new-from K --replay N` also runs/grown/continue.jsonl (every training answer of shards K and up, plus N
+earlier ones drawn at random: the sixth run of docs/studies.md), runs/final/{train,heldout,heldout_prompts}.jsonl
+(the previous drafter's data and the held-out sets) and runs/levers/{train_base,train_no_lbpp,train_half,eval_in,eval_lbpp,eval_aime}.jsonl plus
 text_prompts.txt and text_python.txt (the `--text` lever). Held out everywhere: answers with
 `prompt_index % 20 == 19`. Deterministic (fixed seeds); no dev prompt is read.
 """

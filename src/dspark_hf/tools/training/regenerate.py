@@ -232,21 +232,25 @@ def regenerate(
     todo = [shard for shard in (every_shard if shards is None else shards) if not shard_path(folder, shard).exists()]
     started, written, skipped = time.perf_counter(), 0, 0
     whole_batch = batch_size * state.num_processes
-    with tqdm(total=len(todo) * shard_size * samples_per_prompt, unit="answer", desc="regenerate",
-              disable=not state.is_main_process) as bar:
+
+    def shard_prompts(shard: int) -> range:  # the last shard may hold fewer prompts than shard_size
+        return range(shard * shard_size, min(len(prompts), (shard + 1) * shard_size))
+
+    total = sum(len(shard_prompts(shard)) for shard in todo) * samples_per_prompt
+    with tqdm(total=total, unit="answer", desc="regenerate", disable=not state.is_main_process) as bar:
         for shard in todo:
             partial = shard_path(folder, shard, partial=True)
             records = read_jsonl(partial) if partial.exists() else []
             done = {(record["prompt_index"], record.get("sample", 0)) for record in records}
             pending = []
-            for index in range(shard * shard_size, min(len(prompts), (shard + 1) * shard_size)):
+            for index in shard_prompts(shard):
                 prompt_ids = render_prompt(tokenizer, prompts[index])
                 if not min_prompt_tokens <= len(prompt_ids) <= max_prompt_tokens:
                     skipped += samples_per_prompt
                     continue
                 pending += [(index, sample, prompt_ids) for sample in range(samples_per_prompt)
                             if (index, sample) not in done]
-            bar.update(shard_size * samples_per_prompt - len(pending))
+            bar.update(len(shard_prompts(shard)) * samples_per_prompt - len(pending))
             pending.sort(key=lambda item: len(item[2]))
             if state.is_main_process:  # rewrite the partial file whole: its last line may have been cut
                 partial.write_text("".join(json.dumps(record) + "\n" for record in records))
