@@ -75,9 +75,13 @@ def main() -> None:
                              "the one before: 84)")
     parser.add_argument("--train-prompts", type=Path, default=PROMPTS,
                         help="folder of aime24.jsonl, gsm8k.jsonl, ... (default: %(default)s)")
-    parser.add_argument("--new-from", type=int, help="write runs/grown/continue.jsonl: the answers of shards K and up ...")
-    parser.add_argument("--replay", type=int, default=0, help="... plus this many earlier training answers (seeded)")
+    parser.add_argument("--new-from", type=int, metavar="K",
+                        help="write runs/grown/continue.jsonl: the training answers of shards K and up ...")
+    parser.add_argument("--replay", type=int, default=0, metavar="N",
+                        help="... plus N earlier training answers drawn at random (seeded)")
     args = parser.parse_args()
+    if args.new_from is not None and args.shards is not None and not 0 <= args.new_from < args.shards:
+        parser.error(f"--new-from {args.new_from}: give a shard below --shards {args.shards}")
     out = Path(args.out)
     kinds = prompt_lines(args.train_prompts)
     short = answers(ROOT / "data/smollm2_answers.jsonl.gz", kinds)
