@@ -353,15 +353,15 @@ def test_smollm2_splits_continue_mix_holds_every_new_answer_and_the_replay(tmp_p
     prompts.mkdir()
     for kind, lines in (("aime24", 30), ("arena-hard-v2", 600), ("gsm8k", 1119), ("lbpp", 162), ("livecodebench", 1055)):
         (prompts / f"{kind}.jsonl").write_text('{"turns": ["?"]}\n' * lines)  # only the kinds' order is read
-    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "smollm2_splits.py"
-    subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "runs"), "--train-prompts", str(prompts),
-                    "--shards", "94", "--new-from", "92", "--replay", "3000"], check=True, capture_output=True)
+    root = pathlib.Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, str(root / "scripts/smollm2_splits.py"), "--out", str(tmp_path / "runs"),
+                    "--train-prompts", str(prompts), "--shards", "94", "--new-from", "92", "--replay", "3000"], check=True, capture_output=True)
     mix = [json.loads(line) for line in open(tmp_path / "runs/grown/continue.jsonl")]
     new = [r for r in mix if r.get("source") == "magpie" and r["prompt_index"] >= 92 * 256]
     assert len(new) == len(mix) - 3000 and mix[:len(new)] == new  # the new answers first, then the replay
     assert all(r["prompt_index"] % 20 != 19 for r in mix)
-    expected = sum(1 for shard in (92, 93) for r in read_jsonl(pathlib.Path(__file__).resolve().parents[1]
-                   / f"data/smollm2/magpie/shard-{shard:05d}.jsonl.gz") if r["prompt_index"] % 20 != 19)
+    expected = sum(r["prompt_index"] % 20 != 19 for shard in (92, 93)
+                   for r in read_jsonl(root / f"data/smollm2/magpie/shard-{shard:05d}.jsonl.gz"))
     assert len(new) == expected
     keys = {(r.get("source"), r["prompt_index"]) for r in mix}
     assert len(keys) == len(mix)  # no answer twice
