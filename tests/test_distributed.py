@@ -160,3 +160,28 @@ def test_each_process_trains_its_own_share_and_only_the_main_one_writes(tmp_path
     assert sorted(trained) == [(step, slot) for step in range(3) for slot in range(4)]
     assert (tmp_path / "rank0" / "model.safetensors").is_file() and (tmp_path / "rank0" / "checkpoint").is_dir()
     assert not (tmp_path / "rank1").exists()
+
+
+def test_a_process_of_several_leaves_after_the_others_without_interpreter_shutdown(monkeypatch, capsys):
+    """gloo's threads outlive the process group, and one that wakes during interpreter shutdown aborts the process
+    (about 1 in 25 two-process runs). A process of several meets the others, drops the group, flushes what it
+    printed and exits at once; a process on its own returns as usual."""
+    from dspark_hf.tools.training import processes
+
+    calls = []
+    state = types.SimpleNamespace(num_processes=2, wait_for_everyone=lambda: calls.append("barrier"),
+                                  destroy_process_group=lambda: calls.append("destroy"))
+    monkeypatch.setattr(processes.sys.stdout, "flush", lambda: calls.append("flush stdout"))
+
+    def exit_now(code):
+        calls.append(("exit", code))
+        raise SystemExit(code)
+
+    monkeypatch.setattr(processes.os, "_exit", exit_now)
+    with pytest.raises(SystemExit):
+        processes.leave(state)
+    assert calls == ["barrier", "destroy", "flush stdout", ("exit", 0)]
+
+    calls.clear()
+    processes.leave(types.SimpleNamespace(num_processes=1))
+    assert calls == []

@@ -37,7 +37,7 @@ from ...core.sampling import draw
 from ..errors import InputError, non_negative_float, positive_int
 from ..prompts import read_prompts, render_prompt
 from .data import read_jsonl
-from .processes import process_state
+from .processes import leave, process_state
 
 RECIPE_FIELDS = ("target", "dtype", "temperature", "top_p", "samples_per_prompt", "max_new_tokens",
                  "min_prompt_tokens", "max_prompt_tokens", "shard_size")
@@ -328,3 +328,4 @@ def run(args) -> None:
     if state.is_main_process:
         print(json.dumps({"out": str(args.out), "answers": done.answers, "skipped": done.skipped,
                           "hours": round(done.seconds / 3600, 3), "answers_per_hour": round(done.answers_per_hour)}))
+    leave(state)

@@ -52,7 +52,7 @@ from ..errors import InputError, positive_int
 from ..options import announce, apply_threads
 from ..prompts import read_prompts
 from ..targets import DTYPES, load_target
-from .processes import process_state, sum_across, sum_gradients
+from .processes import leave, process_state, sum_across, sum_gradients
 
 CHECKPOINT_DIR = "checkpoint"
 STATE_FILE = "trainer_state.pt"
@@ -740,3 +740,4 @@ def run(args) -> None:
         dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.save_dtype]
         drafter.save_pretrained(out, include_shared_weights=args.include_shared_weights, dtype=dtype)
         print(json.dumps({"out": str(out), "steps": args.max_steps, "sequences": len(sequences)}))
+    leave(state)
