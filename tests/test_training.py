@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -183,6 +184,23 @@ def test_shortlist_loss_equals_full_loss_when_it_covers_the_vocabulary():
     torch.testing.assert_close(short_loss, full_loss)
     for name, value in full_terms.items():
         torch.testing.assert_close(short_terms[name], value)
+
+
+@pytest.mark.parametrize("flags, ce_weight, l1_weight", [([], 0.1, 0.9), (["--ce-weight", "1", "--l1-weight", "0.5"], 1.0, 0.5)])
+def test_the_loss_weights_given_on_the_command_line_weigh_the_terms(flags, ce_weight, l1_weight):
+    """`dspark train --ce-weight/--l1-weight` reach the loss; unset, they are the paper's 0.1 and 0.9."""
+    parser = argparse.ArgumentParser()
+    trainer_module.add_arguments(parser)
+    settings = trainer_module.train_settings(parser.parse_args(["--target", "t", "--out", "o", "--data", "d", *flags]))
+    target = tiny_target("qwen3", seed=3)
+    config = drafter_config(target, block_size=4, target_layer_ids=[0, 2])
+    torch.manual_seed(0)
+    drafter = DSparkDrafter(config, target)
+    record = regenerated(target, count=1, new_tokens=30)[0]
+    ids = sequence_ids(record, settings)
+    anchors = sample_anchors(len(record["prompt_ids"]), len(ids), 8, torch.Generator().manual_seed(0))
+    loss, terms = sequence_loss(drafter, ids, FeatureStore(target, config.target_layer_ids).get(ids), anchors, settings)
+    torch.testing.assert_close(loss, ce_weight * terms["ce"] + l1_weight * terms["l1"] + terms["conf"])
 
 
 def test_confidence_only_training_from_a_trained_drafter_moves_only_that_head(tmp_path):

@@ -626,6 +626,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-tokens", type=positive_int, default=768, help="tokens per training sequence")
     parser.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (cosine decay after warm-up)")
     parser.add_argument("--warmup-steps", type=int, default=50, help="steps of linear learning-rate warm-up")
+    parser.add_argument("--ce-weight", type=float, default=0.1,
+                        help="weight of the cross-entropy on the answer's tokens (the paper's 0.1); it is what "
+                        "teaches the drafter the target's top token, which greedy acceptance needs")
+    parser.add_argument("--l1-weight", type=float, default=0.9,
+                        help="weight of ||p_draft - p_target||_1 (the paper's 0.9), what sampled acceptance needs")
     parser.add_argument(
         "--loss-vocab",
         choices=["full", "responses"],
@@ -693,6 +698,8 @@ def train_settings(args) -> TrainSettings:
         max_tokens=args.max_tokens,
         learning_rate=args.lr,
         warmup_steps=args.warmup_steps,
+        ce_weight=args.ce_weight,
+        l1_weight=args.l1_weight,
         loss_vocab=args.loss_vocab,
         trainable=args.trainable,
         autocast=args.autocast,
