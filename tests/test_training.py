@@ -166,18 +166,23 @@ def test_answer_vocabulary_ranks_answer_tokens_by_frequency():
     assert answer_vocabulary(records, VOCAB, limit=5).tolist() == [0, 1, 3, 5, 7]  # filled with the lowest ids
 
 
-def test_shortlist_loss_equals_full_loss_when_it_covers_the_vocabulary():
-    """Scoring through a shuffled shortlist of every token must give the full-vocabulary loss:
-    logits, Markov bias, target probabilities and labels are all re-indexed the same way."""
+def one_sequence(settings):
+    """(fresh drafter, ids, target features, anchors) of one regenerated answer: what a loss test scores."""
     target = tiny_target("qwen3", seed=3)
     config = drafter_config(target, block_size=4, target_layer_ids=[0, 2])
     torch.manual_seed(0)
     drafter = DSparkDrafter(config, target)
     record = regenerated(target, count=1, new_tokens=30)[0]
-    settings = TrainSettings()
     ids = sequence_ids(record, settings)
     anchors = sample_anchors(len(record["prompt_ids"]), len(ids), 8, torch.Generator().manual_seed(0))
-    features = FeatureStore(target, config.target_layer_ids).get(ids)
+    return drafter, ids, FeatureStore(target, config.target_layer_ids).get(ids), anchors
+
+
+def test_shortlist_loss_equals_full_loss_when_it_covers_the_vocabulary():
+    """Scoring through a shuffled shortlist of every token must give the full-vocabulary loss:
+    logits, Markov bias, target probabilities and labels are all re-indexed the same way."""
+    settings = TrainSettings()
+    drafter, ids, features, anchors = one_sequence(settings)
     token_ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(1))
     full_loss, full_terms = sequence_loss(drafter, ids, features, anchors, settings)
     short_loss, short_terms = sequence_loss(drafter, ids, features, anchors, settings, token_ids)
@@ -192,14 +197,8 @@ def test_the_loss_weights_given_on_the_command_line_weigh_the_terms(flags, ce_we
     parser = argparse.ArgumentParser()
     trainer_module.add_arguments(parser)
     settings = trainer_module.train_settings(parser.parse_args(["--target", "t", "--out", "o", "--data", "d", *flags]))
-    target = tiny_target("qwen3", seed=3)
-    config = drafter_config(target, block_size=4, target_layer_ids=[0, 2])
-    torch.manual_seed(0)
-    drafter = DSparkDrafter(config, target)
-    record = regenerated(target, count=1, new_tokens=30)[0]
-    ids = sequence_ids(record, settings)
-    anchors = sample_anchors(len(record["prompt_ids"]), len(ids), 8, torch.Generator().manual_seed(0))
-    loss, terms = sequence_loss(drafter, ids, FeatureStore(target, config.target_layer_ids).get(ids), anchors, settings)
+    drafter, ids, features, anchors = one_sequence(settings)
+    loss, terms = sequence_loss(drafter, ids, features, anchors, settings)
     torch.testing.assert_close(loss, ce_weight * terms["ce"] + l1_weight * terms["l1"] + terms["conf"])
 
 
