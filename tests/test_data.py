@@ -224,6 +224,8 @@ def test_regenerate_rewrites_one_shard_and_resumes_after_a_kill(tmp_path, target
     (out / "shard-00001.jsonl.gz").unlink()
     (out / "shard-00001.partial.jsonl").write_text(lines[0] + lines[1][:15])
     rows = count_rows(monkeypatch, model)
+    later = gzip.time.time() + 3600  # a rerun an hour on still writes the same bytes
+    monkeypatch.setattr(gzip.time, "time", lambda: later)
     again = regenerate(model, tokenizer, PROMPTS, out, batch_size=2, shard_size=4, shards=[1],
                        max_new_tokens=MAX_NEW_TOKENS)
 

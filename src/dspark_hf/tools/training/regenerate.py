@@ -273,8 +273,10 @@ def regenerate(
             if state.is_main_process and (shard + 1) * shard_size <= len(prompts):  # a short tail waits for prompts
                 finished = sorted(read_jsonl(partial), key=lambda r: (r["prompt_index"], r.get("sample", 0)))
                 staging = shard_path(folder, shard).with_suffix(".tmp")
-                with gzip.open(staging, "wt", encoding="utf-8", compresslevel=9) as sink:
-                    sink.writelines(json.dumps(record, separators=(",", ":")) + "\n" for record in finished)
+                text = "".join(json.dumps(record, separators=(",", ":")) + "\n" for record in finished)
+                # no name or time in the gzip header, so the documented command rewrites a shard byte for byte
+                with staging.open("wb") as raw, gzip.GzipFile("", "wb", 9, raw, mtime=0) as sink:
+                    sink.write(text.encode("utf-8"))
                 os.replace(staging, shard_path(folder, shard))
                 partial.unlink()
             state.wait_for_everyone()
