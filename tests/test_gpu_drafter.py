@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from dspark_hf import DSparkDrafter
 from dspark_hf.tools import targets
@@ -16,12 +17,16 @@ from dspark_hf.tools.training.data import load_sequences
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+SHIPPED = ROOT / "src" / "dspark_hf" / "assets" / "smollm2_dspark"
+
+
 @pytest.mark.slow
-def test_gpu_drafter_script_runs_at_toy_size(tmp_path):
+@pytest.mark.parametrize("init", ["", str(SHIPPED)], ids=["fresh", "continued"])
+def test_gpu_drafter_script_runs_at_toy_size(tmp_path, init):
     out = tmp_path / "out"
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": str(pathlib.Path.home()), "INIT": init}
     result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_drafter.sh"), str(out), "--toy"],
-                            env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": str(pathlib.Path.home())},
-                            capture_output=True, text=True, timeout=900)
+                            env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
 
     stages = [json.loads(line)["stage"] for line in (out / "stages.jsonl").read_text().splitlines()]
@@ -30,7 +35,12 @@ def test_gpu_drafter_script_runs_at_toy_size(tmp_path):
     assert len(prompts) == 4 and len(load_sequences(out / "answers")) == 4
     assert all(path.stat().st_size <= 16 * 10**6 for path in (out / "drafter").glob("*.safetensors"))
     target, _ = load_target("smollm2", tokenizer=False)
-    assert DSparkDrafter.from_pretrained(out / "drafter", target).config.block_size == 7
+    drafter = DSparkDrafter.from_pretrained(out / "drafter", target)
+    assert drafter.config.block_size == 7
+    if init:  # continued: the shipped drafter's draft vocabulary is kept, its weights moved on
+        shipped = DSparkDrafter.from_pretrained(init, target)
+        assert torch.equal(drafter.draft_token_ids(), shipped.draft_token_ids())
+        assert any(not torch.equal(a, b) for a, b in zip(drafter.parameters(), shipped.parameters()))
 
 
 def test_a_carried_gguf_is_converted_without_reaching_an_index(tmp_path, monkeypatch):
