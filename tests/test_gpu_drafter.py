@@ -15,8 +15,6 @@ from dspark_hf.tools.targets import load_target
 from dspark_hf.tools.training.data import load_sequences
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
 SHIPPED = ROOT / "src" / "dspark_hf" / "assets" / "smollm2_dspark"
 
 
