@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # A SmolLM2 drafter from data made on one GPU, in one call of about 10 minutes on an H200:
-#   1. the target writes its own prompts (dspark synthesize),
+#   1. the target writes its own prompts (dspark synthesize), none that DATA/prompts.jsonl.gz holds,
 #   2. answers them greedily in big batches (dspark regenerate, shards of 4,096),
-#   3. a DSpark drafter trains on the answers for a fixed number of steps: it continues INIT (a drafter directory;
-#      default .gpu/init, the shipped drafter as scripts/gpu_pack.sh copies it, when there) or starts fresh,
+#   3. a DSpark drafter trains on them and DATA/train.jsonl.gz for a fixed number of steps: it continues INIT (a
+#      drafter directory; default .gpu/init, the shipped drafter as scripts/gpu_pack.sh copies it, when there) or
+#      starts fresh. DATA: default .gpu/data, the answers and prompts committed here, as gpu_pack.sh packs them;
+#      DATA= (empty): none,
 #   4. the drafter is written in safetensors shards of at most 16 MB, with the answer shards and logs.
 #
 #   bash scripts/gpu_drafter.sh OUT           # GPU: PROMPTS (default 102400) answers, STEPS (default 6000) steps
 #   bash scripts/gpu_drafter.sh OUT --toy     # CPU, about a minute: the same steps at toy size (tests/test_gpu_drafter.py)
 #
 # The target must be on the machine: SmolLM2 converted into $DSPARK_HF_CACHE/SmolLM2-135M-Instruct (scripts/setup.sh
-# makes it here), or TARGET=DIR. A GPU machine reaches no index, so scripts/gpu_pack.sh packs its GGUF in two parts
-# and the drafter to continue (.gpu/), and the wheels this needs beyond the image's (.whl/: gguf, transformers), for
-# three calls; this joins the parts and converts them, and installs the wheels first. Sizes: PROMPTS, BATCH, STEPS, TRAIN_BATCH; LR (continued: 3e-4,
-# fresh: 6e-4). Why continue by default: two passes over 100 k answers from scratch reach about the shipped drafter's
-# τ on the scaling curve (docs/studies.md), while the shipped drafter already holds the passes it had.
-# A call carries at most 64 MiB of working tree, and the tracked tree is past that (77 MB). For the calls,
+# makes it here), or TARGET=DIR. A GPU machine reaches no index, so scripts/gpu_pack.sh packs its GGUF in two parts,
+# the drafter to continue and the data made here (.gpu/), and the wheels this needs beyond the image's (.whl/: gguf,
+# transformers), for three calls; this joins the parts and converts them, and installs the wheels first. Sizes:
+# PROMPTS, BATCH, STEPS, TRAIN_BATCH; LR (continued: 3e-4, fresh: 6e-4). Why continue by default: two passes over
+# 100 k answers from scratch reach about the shipped drafter's τ on the scaling curve (docs/studies.md), while the
+# shipped drafter already holds the passes it had.
+# A call carries at most 64 MiB of working tree, and the tracked tree is past that (81 MB). For the calls,
 # untrack what this does not read (answer shards, drafters: 2.3 MB stay) without committing:
 #   git rm -r -q --cached data drafters src/dspark_hf/assets/smollm2_dspark/model.safetensors
 #   printf '/data/\n/drafters/\n/src/dspark_hf/assets/smollm2_dspark/model.safetensors\n' >> .git/info/exclude
@@ -48,8 +51,11 @@ mkdir -p "$out"
 started=$(date +%s)
 stamp() { echo "{\"stage\": \"$1\", \"seconds\": $(( $(date +%s) - started ))}" | tee -a "$out/stages.jsonl"; }
 
+data=${DATA-$( [ -d .gpu/data ] && echo .gpu/data || true )}
+earlier=() exclude=()
+[ -z "$data" ] || earlier=("$data/train.jsonl.gz") exclude=(--exclude "$data/prompts.jsonl.gz")
 dspark synthesize --target "$target" --dtype "$dtype" "${device[@]}" --out "$out/prompts.jsonl" --count "$prompts" \
-    --batch-size "$synth_batch" --temperature 0.9 --top-p 0.95 | tee "$out/synthesize.json"
+    --batch-size "$synth_batch" --temperature 0.9 --top-p 0.95 "${exclude[@]}" | tee "$out/synthesize.json"
 stamp synthesize
 dspark regenerate --target "$target" --dtype "$dtype" "${device[@]}" --prompts "$out/prompts.jsonl" \
     --out "$out/answers" --shard-size "$shard" --batch-size "$batch" --max-new-tokens "$new_tokens" | tee "$out/regenerate.json"
@@ -60,7 +66,7 @@ if [ -n "$init" ]; then  # its draft vocabulary and shape are kept
 else
   start=(--layers 2 --block-size 7 --draft-vocab 8192) lr=${LR:-6e-4}
 fi
-dspark train --target "$target" --dtype "$dtype" "${device[@]}" --data "$out/answers" --out "$out/run" \
+dspark train --target "$target" --dtype "$dtype" "${device[@]}" --data "$out/answers" "${earlier[@]}" --out "$out/run" \
     "${start[@]}" --loss-vocab responses --max-steps "$steps" --batch-size "$train_batch" --anchors 32 --lr "$lr" \
     --warmup-steps $(( steps / 20 + 1 )) --save-every 1000 --save-dtype bf16 | tee "$out/train.json"
 stamp train

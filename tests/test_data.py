@@ -17,7 +17,7 @@ from dspark_hf.tools.cli import main
 from dspark_hf.tools.prompts import read_prompts, render_prompt
 from dspark_hf.tools.training.data import load_sequences, read_jsonl, tokenize_texts
 from dspark_hf.tools.training.regenerate import PreallocatedLayer, regenerate
-from dspark_hf.tools.training.synthesize import PromptFilter, synthesize, user_header
+from dspark_hf.tools.training.synthesize import PromptFilter, synthesize, user_header, words
 
 WORDS = ["<pad>", "<unk>", "user", "bot", "nothink"] + [f"w{i}" for i in range(27)]
 CHAT_TEMPLATE = (
@@ -317,6 +317,23 @@ def test_synthesize_writes_exactly_count_prompts_of_each_kind_and_resumes(name, 
     assert [p.name for p in tmp_path.iterdir()] == [name]  # nothing left beside it
     header = tokenizer.decode(user_header(tokenizer, "code"))
     assert header.startswith("user") and "w" not in header  # the template up to the user's words, no further
+
+
+def test_synthesize_does_not_write_again_what_an_excluded_file_holds(tmp_path, target_and_tokenizer, monkeypatch):
+    """What another machine answered, or holds out, must not come back as a new prompt: the same seed writes
+    the same prompts again unless their file is excluded."""
+    model, tokenizer = target_and_tokenizer
+    monkeypatch.setattr(PromptFilter, "reason",  # duplicates only; the tiny target writes no English
+                        lambda self, text, complete: "duplicate" if " ".join(words(text)) in self.seen else "")
+    run = functools.partial(synthesize, model, tokenizer, count=6, kinds=("chat",), batch_size=6, max_prompt_tokens=6)
+    earlier = read_prompts([run(tmp_path / "earlier.jsonl")["out"]])
+
+    again = read_prompts([run(tmp_path / "again.jsonl")["out"]])
+    report = run(tmp_path / "new.jsonl", exclude=tuple(earlier))
+
+    assert again == earlier  # the seed alone decides: without the exclusion, every prompt comes back
+    assert report["dropped"]["duplicate"] >= 1 and report["written"] == 6
+    assert not set(read_prompts([report["out"]])) & set(earlier)
 
 
 def test_committed_answer_shards_are_whole_and_answer_their_own_prompts():

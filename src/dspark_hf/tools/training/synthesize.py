@@ -113,12 +113,15 @@ def append_lines(path: pathlib.Path, lines: list[str]) -> None:
 
 
 def synthesize(target, tokenizer, out, *, count: int, kinds=tuple(KIND_SYSTEM_PROMPTS), batch_size: int = 64,
-               temperature: float = 1.0, top_p: float = 0.95, max_prompt_tokens: int = 192, seed: int = 0) -> dict:
-    """Append prompts to `out` until it holds `count`; returns the run's report (kept by kind, dropped by reason)."""
+               temperature: float = 1.0, top_p: float = 0.95, max_prompt_tokens: int = 192, seed: int = 0,
+               exclude: tuple[str, ...] = ()) -> dict:
+    """Append prompts to `out` until it holds `count`; returns the run's report (kept by kind, dropped by reason).
+
+    `exclude`: prompts written elsewhere (answered, or held out there); they count as duplicates here."""
     out = pathlib.Path(out)
     existing = read_jsonl(out) if out.exists() else []
     dev = [prompt for path in shipped_prompt_sets().values() for prompt in read_prompts([path])]
-    keep = PromptFilter(dev, [record["turns"][0] for record in existing])
+    keep = PromptFilter(dev, [record["turns"][0] for record in existing] + list(exclude))
     headers = {kind: user_header(tokenizer, kind) for kind in kinds}
     stop_ids = stop_token_ids(target, tokenizer)
     choose = token_chooser(temperature, top_p)
@@ -145,8 +148,8 @@ def synthesize(target, tokenizer, out, *, count: int, kinds=tuple(KIND_SYSTEM_PR
                     written += 1
                     bar.update(1)
             append_lines(out, lines)
-    return {"out": str(out), "prompts": len(existing) + written, "written": written, "by_kind": dict(kept),
-            "dropped": dict(dropped), "hours": round((time.perf_counter() - started) / 3600, 3)}
+    return {"out": str(out), "prompts": len(existing) + written, "written": written, "excluded": len(exclude),
+            "by_kind": dict(kept), "dropped": dict(dropped), "hours": round((time.perf_counter() - started) / 3600, 3)}
 
 
 def add_arguments(parser) -> None:
@@ -161,6 +164,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--temperature", type=non_negative_float, default=1.0, help="sampling temperature")
     parser.add_argument("--top-p", type=non_negative_float, default=0.95, help="sampling nucleus")
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampling")
+    parser.add_argument("--exclude", nargs="+", default=[], metavar="PROMPTS",
+                        help="prompt files (jsonl, .gz too) whose prompts are not written again: ones another "
+                             "machine answered, or holds out")
     parser.set_defaults(func=run)
 
 
@@ -171,5 +177,6 @@ def run(args) -> None:
         raise InputError("--temperature 0 would write one prompt over and over; give a temperature above 0.")
     target, tokenizer = load_target_from_args(args)
     report = synthesize(target, tokenizer, args.out, count=args.count, kinds=tuple(args.kinds),
-                        batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+                        batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                        exclude=tuple(read_prompts(args.exclude)))
     print(json.dumps(report))
