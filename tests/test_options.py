@@ -96,6 +96,14 @@ def test_a_bad_command_line_is_one_plain_line(words, line, capsys):
     assert capsys.readouterr().err == line + "\n"  # no usage block, no argparse internals
 
 
+def test_a_missing_prompt_file_is_one_line_naming_the_fix_before_the_target_loads(monkeypatch):
+    monkeypatch.setattr("dspark_hf.tools.options.load_target_from_args", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(SystemExit) as exited:
+        main(["synthesize", "--out", "new.jsonl", "--count", "8", "--exclude", "gone/prompts.jsonl"])
+    assert str(exited.value) == ("dspark synthesize: error: gone/prompts.jsonl: no such prompt file; check the path, "
+                                 "or name a shipped set (gsm8k, humaneval, mt-bench).")
+
+
 def test_help_answers_before_torch_loads():
     """`dspark --help` imports neither torch nor transformers: each command's module loads when it runs."""
     check = ("import sys\nfrom dspark_hf.tools.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"

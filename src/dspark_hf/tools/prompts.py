@@ -60,7 +60,8 @@ def open_text(path: pathlib.Path, mode: str = "r"):
 
 def _read_first_turns(path: pathlib.Path) -> list[str]:
     if not path.is_file():
-        raise InputError(f"{path}: no such prompt file.")
+        raise InputError(f"{path}: no such prompt file; check the path, or name a shipped set "
+                         f"({', '.join(shipped_prompt_sets())}).")
     first_turns = []
     with open_text(path) as lines:
         for line_number, line in enumerate(lines, start=1):

@@ -175,8 +175,9 @@ def run(args) -> None:
 
     if args.temperature == 0:
         raise InputError("--temperature 0 would write one prompt over and over; give a temperature above 0.")
+    exclude = tuple(read_prompts(args.exclude))  # before the target loads: a wrong path fails at once
     target, tokenizer = load_target_from_args(args)
     report = synthesize(target, tokenizer, args.out, count=args.count, kinds=tuple(args.kinds),
                         batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                        exclude=tuple(read_prompts(args.exclude)))
+                        exclude=exclude)
     print(json.dumps(report))
