@@ -319,6 +319,24 @@ def test_synthesize_writes_exactly_count_prompts_of_each_kind_and_resumes(name, 
     assert header.startswith("user") and "w" not in header  # the template up to the user's words, no further
 
 
+def test_a_resumed_synthesize_samples_afresh(tmp_path, target_and_tokenizer, monkeypatch):
+    """Every batch of every run draws with its own seed. A run that continues a file must not replay the batches
+    its predecessor drew past the file's end (there, dropped prompts move the count on): those come back as
+    duplicates, 6-10% of a round once it happened."""
+    model, tokenizer = target_and_tokenizer
+
+    def every_other(self, text, complete):  # half of what is written is dropped
+        self.calls = getattr(self, "calls", 0) + 1
+        return "loop" if self.calls % 2 == 0 else ""
+
+    monkeypatch.setattr(PromptFilter, "reason", every_other)
+    out = tmp_path / "prompts.jsonl"
+    for count in (4, 8, 12):
+        synthesize(model, tokenizer, out, count=count, kinds=("chat",), batch_size=4, max_prompt_tokens=6)
+    prompts = read_prompts([out])
+    assert len(prompts) == 12 and len(set(prompts)) == 12
+
+
 def test_synthesize_does_not_write_again_what_an_excluded_file_holds(tmp_path, target_and_tokenizer, monkeypatch):
     """What another machine answered, or holds out, must not come back as a new prompt: the same seed writes
     the same prompts again unless their file is excluded."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import gzip
+import hashlib
 import json
 import os
 import pathlib
@@ -112,6 +113,13 @@ def append_lines(path: pathlib.Path, lines: list[str]) -> None:
     os.replace(temporary, path)
 
 
+def batch_seed(seed: int, start: int, batch: int) -> int:
+    """The seed of a run's `batch`-th batch when the file held `start` prompts. A run resumed at the same count draws
+    the same prompts again; any other run draws its own (counting samples instead would replay the batches the run
+    before drew past the file's end, since dropped prompts move that count on)."""
+    return int.from_bytes(hashlib.sha256(f"{seed} {start} {batch}".encode()).digest()[:8], "little")
+
+
 def synthesize(target, tokenizer, out, *, count: int, kinds=tuple(KIND_SYSTEM_PROMPTS), batch_size: int = 64,
                temperature: float = 1.0, top_p: float = 0.95, max_prompt_tokens: int = 192, seed: int = 0,
                exclude: tuple[str, ...] = ()) -> dict:
@@ -127,12 +135,13 @@ def synthesize(target, tokenizer, out, *, count: int, kinds=tuple(KIND_SYSTEM_PR
     choose = token_chooser(temperature, top_p)
     kept = collections.Counter(record.get("kind") for record in existing)
     dropped: collections.Counter = collections.Counter()
-    started, written = time.perf_counter(), 0
+    started, written, batches = time.perf_counter(), 0, 0
     out.parent.mkdir(parents=True, exist_ok=True)
     with tqdm(total=count, initial=min(count, len(existing)), unit="prompt", desc="synthesize") as bar:
         while len(existing) + written < count:
             kind = min(kinds, key=lambda k: kept[k])  # the scarcest kind goes next
-            torch.manual_seed(seed * 1_000_003 + len(existing) + written + sum(dropped.values()))
+            torch.manual_seed(batch_seed(seed, len(existing), batches))
+            batches += 1
             texts = decode(target, [headers[kind]] * batch_size, max_new_tokens=max_prompt_tokens,
                            stop_ids=stop_ids, pad_id=stop_ids[0], choose=choose)
             lines = []
