@@ -6,8 +6,8 @@
 # (about 22 MB at 70 k answers): train.jsonl.gz, every committed answer training may read (scripts/smollm2_splits.py's
 # grown/train.jsonl, held-out prompts left out), and prompts.jsonl.gz, every prompt answered or held out here (the
 # training prompts, the target's own), so the GPU run trains on those answers too and writes none of those prompts
-# again. Both folders are kept out of git. The three calls, back to
-# back (a machine stays warm for 30 s, and keeps the ignored files a call left):
+# again. Both folders are kept out of git. The three calls, back to back (a machine stays warm for 30 s, and keeps
+# the ignored files a call left):
 #   1. carry [".gpu/smollm2.gguf.part0"], command `true`;
 #   2. carry [".gpu/init", ".gpu/data"], command `true`;
 #   3. carry [".gpu/smollm2.gguf.part1", ".whl"], command `bash scripts/gpu_drafter.sh $OUT/run`.
