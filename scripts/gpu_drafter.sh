@@ -14,7 +14,7 @@
 # The target must be on the machine: SmolLM2 converted into $DSPARK_HF_CACHE/SmolLM2-135M-Instruct (scripts/setup.sh
 # makes it here), or TARGET=DIR. A GPU machine reaches no index, so scripts/gpu_pack.sh packs its GGUF in two parts,
 # the drafter to continue and the data made here (.gpu/), and the wheels this needs beyond the image's (.whl/: gguf,
-# transformers), for three calls; this joins the parts and converts them, and installs the wheels first. Sizes:
+# transformers), for four calls; this joins the parts and converts them, and installs the wheels first. Sizes:
 # PROMPTS, BATCH, STEPS, TRAIN_BATCH; LR (continued: 3e-4, fresh: 6e-4). Why continue by default: two passes over
 # 100 k answers from scratch reach about the shipped drafter's τ on the scaling curve (docs/studies.md), while the
 # shipped drafter already holds the passes it had.

