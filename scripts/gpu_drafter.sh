@@ -18,7 +18,7 @@
 # PROMPTS, BATCH, STEPS, TRAIN_BATCH; LR (continued: 3e-4, fresh: 6e-4). Why continue by default: two passes over
 # 100 k answers from scratch reach about the shipped drafter's τ on the scaling curve (docs/studies.md), while the
 # shipped drafter already holds the passes it had.
-# A call carries at most 64 MiB of working tree, and the tracked tree is past that (102 MB). For the calls,
+# A call carries at most 64 MiB of working tree, and the tracked tree is past that (106 MB). For the calls,
 # untrack what this does not read (answer shards, drafters: 2.5 MB stay) without committing:
 #   git rm -r -q --cached data drafters src/dspark_hf/assets/smollm2_dspark/model.safetensors
 #   printf '/data/\n/drafters/\n/src/dspark_hf/assets/smollm2_dspark/model.safetensors\n' >> .git/info/exclude

@@ -3,7 +3,7 @@
 # of at most 64 MiB each: the target's exact source, SmolLM2's GGUF (98 MB, from the PyPI wheel setup.sh converts),
 # cut into .gpu/smollm2.gguf.part0 (56 MiB) and .part1 (38 MiB), and the wheels of gguf and of this package's
 # transformers in .whl/ (14 MB); the shipped drafter for the run to continue in .gpu/init/ (34 MB); and .gpu/data/
-# (41 MB at 126 k answers): train.jsonl.gz, every committed answer training may read (scripts/smollm2_splits.py's
+# (44 MB at 137 k answers): train.jsonl.gz, every committed answer training may read (scripts/smollm2_splits.py's
 # grown/train.jsonl, held-out prompts left out), and prompts.jsonl.gz, every prompt answered or held out here (the
 # training prompts, the target's own), so the GPU run trains on those answers too and writes none of those prompts
 # again. Both folders are kept out of git. The four calls, back to back (a machine stays warm for 30 s, and keeps
