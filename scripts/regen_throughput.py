@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from dspark_hf.core.machine import cpu_model
+from dspark_hf.core.machine import cpu_identity
 from dspark_hf.tools.exactness import find_divergence
 from dspark_hf.tools.prompts import read_prompts, render_prompt
 from dspark_hf.tools.targets import cpu_has_native_bf16, load_target
@@ -85,7 +85,7 @@ def main() -> None:
                      "max_bf16_steps": max((d.steps for d in divergences), default=None)})
         print(json.dumps(rows[-1]), flush=True)
     base = rows[0]["answers_per_hour"]
-    print(f"\nCPU: {cpu_model()} (bf16 matmuls: {cpu_has_native_bf16()}), {args.threads} thread(s), {target.dtype}, "
+    print(f"\nCPU: {cpu_identity()} (bf16 matmuls: {cpu_has_native_bf16()}), {args.threads} thread(s), {target.dtype}, "
           f"{len(prompts)} prompts, up to {args.max_new_tokens} tokens")
     print("| run | answers/h | tok/s | x batch 1 | differ from batch 1 | largest margin (bf16 steps) |")
     print("| --- | --- | --- | --- | --- | --- |")

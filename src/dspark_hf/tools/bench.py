@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
-from ..core.machine import cpu_model
+from ..core.machine import cpu_identity
 from ..core.scheduling import COST_SCHEDULER, FULL_BLOCK, SCHEDULER_PRESETS, THRESHOLD_SCHEDULER
 from ..core.trace import CallTrace, RoundRecord, summarize
 from ..formats.loader import DSparkDrafter
@@ -373,7 +373,7 @@ def describe_environment(target) -> dict:
         hardware = device.type.upper()
     return {
         "hardware": hardware,
-        "processor": cpu_model(),
+        "processor": cpu_identity(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
