@@ -17,8 +17,10 @@ near-ties common); their layers share one set of weights so that an 8B-shaped ta
 fits beside its drafter (see `qwen3_target`). The 8B drafters run in bfloat16, as
 they are served.
 
-The tests use the threshold scheduler without hybrid drafting, so no cost table is
-profiled: at this size, profiling would take minutes before the first token.
+These tests use the threshold scheduler without hybrid drafting, so no cost table is
+profiled. The last one runs what a user runs instead, at Qwen3-4B's full size (every layer
+its own, the published MLP width, bfloat16, the drafter's defaults, profiling included),
+through scripts/real_size_run.py.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ import ctypes
 import dataclasses
 import json
 import math
+import os
 import re
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -413,3 +418,23 @@ def test_specforge_first_dspark_exports_are_read_with_their_heads(tmp_path):
     config, layout = read_config(tmp_path / "config.json")
     assert layout is specforge
     assert (config.markov_rank, config.enable_confidence_head, config.num_draft_tokens) == (256, True, 7)
+
+
+@pytest.mark.slow  # about three minutes on a 2-core CPU, and 9 GiB of memory
+def test_a_full_size_target_through_the_default_generate(tmp_path):
+    """scripts/real_size_run.py at Qwen3-4B: every layer its own, the published MLP width, bfloat16, and the
+    drafter's defaults (the auto scheduler profiling a fresh cache, hybrid drafting) that the tests above leave out."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "real_size_run.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--size", "4b", "--threads", "2", "--prompt-tokens", "16", "--new-tokens", "8"],
+        env={**os.environ, "DSPARK_HF_CACHE": str(tmp_path / "cache")}, capture_output=True, text=True, timeout=1200,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["target_parameters_billion"] == 4.02
+    assert report["drafter_added_gib"] < report["drafter_own_gib"] * 1.05 + 0.125, report
+    assert report["dspark_only"]["accepted_by_source"].keys() >= {"dspark"}, report  # DSpark blocks were drafted
+    for run in ("defaults", "dspark_only"):  # in bfloat16 a flip is allowed at a near-tie only
+        divergence = report[run]["divergence"]
+        assert divergence is None or divergence["steps"] <= 2, report
+    assert report["exports_draft_the_same"] == {"speculators": True, "deepspec": True}, report
