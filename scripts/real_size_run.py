@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import test_real_size as shapes  # noqa: E402  (the published configs and the checkpoint writer, kept in one place)
 
 from dspark_hf import DSparkDrafter, summarize  # noqa: E402
-from dspark_hf.core.machine import cpu_identity  # noqa: E402
+from dspark_hf.tools.bench import cpu_identity  # noqa: E402
 from dspark_hf.tools.exactness import find_divergence  # noqa: E402
 
 LAYOUTS = {"4b": "deepseek-ai/dspark_qwen3_4b_block7", "8b": "deepseek-ai/dspark_qwen3_8b_block7"}

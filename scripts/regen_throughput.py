@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from dspark_hf.core.machine import cpu_identity
+from dspark_hf.tools.bench import cpu_identity
 from dspark_hf.tools.exactness import find_divergence
 from dspark_hf.tools.prompts import read_prompts, render_prompt
 from dspark_hf.tools.targets import cpu_has_native_bf16, load_target

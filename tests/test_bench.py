@@ -11,6 +11,7 @@ import torch
 from conftest import MASK_ID, tiny_target, write_bigram_deepspec
 from dspark_hf import RoundRecord
 from dspark_hf.tools.bench import (
+    cpu_identity,
     Timing,
     add_arguments,
     benchmark,
@@ -25,7 +26,6 @@ from dspark_hf.tools.bench import (
     trace_metrics,
     write_report,
 )
-from dspark_hf.core.machine import cpu_identity
 from dspark_hf.tools.exactness import bf16_steps, first_difference, ulp_bf16
 
 

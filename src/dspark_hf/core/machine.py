@@ -1,5 +1,5 @@
 """Facts about this machine that the cost tables and the tools both key on: where dspark_hf keeps what it
-measures or converts, the CPU's name and what sets its speed, and how busy its cores are. Standard library only."""
+measures or converts, the CPU's name, and how busy its cores are. Standard library only."""
 
 from __future__ import annotations
 
@@ -28,32 +28,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "CPU"
-
-
-# The instruction sets that decide how fast torch's kernels run a small model here (`lscpu` names them alike).
-SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-
-
-def cpu_identity(cpuinfo: Optional[str] = None) -> str:
-    """`cpu_model()`, plus what tells two CPUs of one name apart: the x86 family and model, and which of
-    `SPEED_FLAGS` it has. Two speed figures compare only where this reads the same (`cpuinfo`: for tests)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return cpu_model()
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        if not line.strip():
-            break  # the first processor's block
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    name = fields.get("model name") or platform.processor() or "CPU"
-    if "cpu family" not in fields:
-        return name
-    flags = set(fields.get("flags", "").split())
-    present = " ".join(flag for flag in SPEED_FLAGS if flag in flags) or "no AVX2"
-    return f"{name} (family {fields['cpu family']} model {fields.get('model', '?')}; {present})"
 
 
 def usable_cpus() -> set[int]:

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
-from ..core.machine import cpu_identity
+from ..core.machine import cpu_model
 from ..core.scheduling import COST_SCHEDULER, FULL_BLOCK, SCHEDULER_PRESETS, THRESHOLD_SCHEDULER
 from ..core.trace import CallTrace, RoundRecord, summarize
 from ..formats.loader import DSparkDrafter
@@ -359,6 +359,32 @@ def result_rows(
                 }
             )
     return rows
+
+
+# The instruction sets that decide how fast torch's kernels run a small model here (`lscpu` names them alike).
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_identity(cpuinfo: Optional[str] = None) -> str:
+    """`cpu_model()`, plus what tells two CPUs of one name apart: the x86 family and model, and which of
+    `SPEED_FLAGS` it has. Two speed figures compare only where this reads the same (`cpuinfo`: for tests)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return cpu_model()
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break  # the first processor's block
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or "CPU"
+    if "cpu family" not in fields:
+        return name
+    flags = set(fields.get("flags", "").split())
+    present = " ".join(flag for flag in SPEED_FLAGS if flag in flags) or "no AVX2"
+    return f"{name} (family {fields['cpu family']} model {fields.get('model', '?')}; {present})"
 
 
 def describe_environment(target) -> dict:
