@@ -101,9 +101,9 @@ def main() -> None:
                                        for source in sorted({r.source for r in rounds})},
                 "divergence": None if divergence is None else dataclasses.asdict(divergence),
             }
-            # DSpark blocks alone, what the exports must propose too: the tokens (which the Markov head set here) and
-            # their confidences (which read the target's features through every draft layer)
-            drafts = [(r.draft_ids, r.confidences) for r in rounds]
+            if name == "dspark_only":  # what the exports must propose too: the tokens (the Markov head set them
+                # here) and their confidences (which read the target's features through every draft layer)
+                drafts = [(r.draft_ids, r.confidences) for r in rounds]
         _, plain_after_seconds = timed_generate(target, prompt, args.new_tokens)  # plain again: the two bracket them
         plain_rate = len(plain_new) / ((plain_seconds + plain_after_seconds) / 2)
         added = shapes.resident_bytes() - before

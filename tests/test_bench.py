@@ -11,10 +11,10 @@ import torch
 from conftest import MASK_ID, tiny_target, write_bigram_deepspec
 from dspark_hf import RoundRecord
 from dspark_hf.tools.bench import (
-    cpu_identity,
     Timing,
     add_arguments,
     benchmark,
+    cpu_identity,
     divergences,
     method_metrics,
     parse_method,

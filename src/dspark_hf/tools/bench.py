@@ -379,7 +379,7 @@ def cpu_identity(cpuinfo: Optional[str] = None) -> str:
             break  # the first processor's block
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
-    name = fields.get("model name") or platform.processor() or "CPU"
+    name = fields.get("model name") or cpu_model()
     if "cpu family" not in fields:
         return name
     flags = set(fields.get("flags", "").split())
