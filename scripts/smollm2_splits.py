@@ -2,7 +2,8 @@
 
     python scripts/smollm2_splits.py --out runs [--shards 48] [--train-prompts DIR]
 
-writes runs/grown/train.jsonl (every training answer, the target's own prompts included), with
+writes runs/grown/train.jsonl (every training answer, the target's own prompts and the gsm8k variants included),
+with `--focus N` also runs/focus/train.jsonl (the ninth run's mix), with
 `--new-from K --replay N` also runs/grown/continue.jsonl (every training answer of shards K and up, plus N
 earlier ones drawn at random: the sixth run of docs/studies.md), runs/final/{train,heldout,heldout_prompts}.jsonl
 (the previous drafter's data and the held-out sets) and runs/levers/{train_base,train_no_lbpp,train_half,eval_in,eval_lbpp,eval_aime}.jsonl plus
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT.parent / "shared" / "data" / "prompts" / "train"  # the task's training prompts, beside the checkout
 MAGPIE = (ROOT / "data/smollm2/magpie", ROOT / "data/smollm2/magpie_fp32")  # bf16 and fp32 answers, disjoint shards
 MAGPIE_PROMPTS = ROOT / "data/smollm2/magpie_prompts.jsonl.gz"
+VARIANTS = ROOT / "data/smollm2/gsm8k_variants"  # answers to scripts/vary_prompts.py's prompts: all training answers
 KINDS = ("aime24", "arena-hard-v2", "gsm8k", "lbpp", "livecodebench")  # sorted: `regenerate`'s round-robin order
 
 
@@ -58,6 +60,13 @@ def magpie_answers(shards: Optional[int] = None) -> list[dict]:
             for path in paths for r in read_jsonl(path)]
 
 
+def variant_answers() -> list[dict]:
+    """The answers to the gsm8k training prompts with their numbers drawn again (only training prompts are varied,
+    so none is held out), kind `gsm8k-variant`."""
+    return [dict(r, kind="gsm8k-variant", source="gsm8k-variant")
+            for path in sorted(VARIANTS.glob("shard-*.jsonl.gz")) for r in read_jsonl(path)]
+
+
 def write(path: Path, records: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as out:
@@ -71,14 +80,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs")
     parser.add_argument("--shards", type=int,
-                        help="read only the first N answer shards (default: all; the shipped drafter: 92, "
-                             "the one before: 84)")
+                        help="read only the first N answer shards of the target's own prompts, and no gsm8k "
+                             "variants (default: all; the shipped drafter: 92, the one before: 84)")
     parser.add_argument("--train-prompts", type=Path, default=PROMPTS,
                         help="folder of aime24.jsonl, gsm8k.jsonl, ... (default: %(default)s)")
     parser.add_argument("--new-from", type=int, metavar="K",
                         help="write runs/grown/continue.jsonl: the training answers of shards K and up ...")
     parser.add_argument("--replay", type=int, default=0, metavar="N",
                         help="... plus N earlier training answers drawn at random (seeded)")
+    parser.add_argument("--focus", type=int, metavar="N",
+                        help="write runs/focus/train.jsonl: every gsm8k-variant answer and every training answer to "
+                             "the training prompts, plus N answers to the target's own prompts drawn at random "
+                             "(the ninth run of docs/studies.md)")
     args = parser.parse_args()
     if args.new_from is not None and args.shards is not None and not 0 <= args.new_from < args.shards:
         parser.error(f"--new-from {args.new_from}: give a shard below --shards {args.shards}")
@@ -90,11 +103,16 @@ def main() -> None:
     held = [r for r in short + long_ if r["prompt_index"] % 20 == 19]
 
     # The shipped drafter: every training answer once (the target's own prompts give chat and code their share).
-    grown = train + [r for r in magpie_answers(args.shards) if r["prompt_index"] % 20 != 19]
+    magpie = [r for r in magpie_answers(args.shards) if r["prompt_index"] % 20 != 19]
+    grown = train + magpie + (variant_answers() if args.shards is None else [])  # --shards: a split of before them
     write(out / "grown/train.jsonl", grown)
+    if args.focus is not None:
+        focus = variant_answers() + train + random.Random(9).sample(magpie, args.focus)
+        write(out / "focus/train.jsonl", random.Random(10).sample(focus, len(focus)))
     if args.new_from is not None:
         seen = len(train) + sum(r["prompt_index"] % 20 != 19 for r in magpie_answers(args.new_from))
-        write(out / "grown/continue.jsonl", grown[seen:] + random.Random(5).sample(grown[:seen], args.replay))
+        older = train + magpie
+        write(out / "grown/continue.jsonl", older[seen:] + random.Random(5).sample(older[:seen], args.replay))
 
     # The previous drafter: chat and code listed twice, so chat, code and math weigh about the same.
     write(out / "final/train.jsonl", train + [r for r in train if r["kind"] in ("arena-hard-v2", "lbpp", "livecodebench")])

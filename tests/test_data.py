@@ -4,6 +4,7 @@ import functools
 import gzip
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -375,6 +376,63 @@ def test_committed_answer_shards_are_whole_and_answer_their_own_prompts():
     assert sum(len(load_sequences(shard)) for shard in shards) == size * len(shards)  # what training reads of them
 
 
+def skeleton(text: str) -> str:
+    return re.sub(r"\d+", lambda m: "#" * len(m.group()), text)
+
+
+def test_vary_prompts_redraws_the_numbers_of_training_prompts_only(tmp_path):
+    """Variants are training data: none may come from a held-out prompt (`prompt_index % 20 == 19`) or sit close to
+    a dev problem, and each keeps its origin's words and digit counts."""
+    instruction = "Please reason step by step, and put your final answer within \\boxed{}."
+    dev_problem = read_prompts(["gsm8k"])[0].rpartition("\n")[0]
+    problems = [f"Tom has {i + 10} apples and buys {3 * i + 100} pears on day {i % 7 + 1}; how many fruits "
+                f"does he have in shop {i} of the {i}th street?" for i in range(60)]
+    problems[12] = dev_problem  # a training line that copies a dev problem: its variants are near-dev
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    for kind in ("aime24", "arena-hard-v2", "lbpp", "livecodebench"):
+        (prompts / f"{kind}.jsonl").write_text(json.dumps({"turns": [f"A {kind} prompt of 12 words."]}) + "\n")
+    (prompts / "gsm8k.jsonl").write_text("".join(json.dumps({"turns": [p + "\n" + instruction]}) + "\n" for p in problems))
+    out = tmp_path / "variants.jsonl.gz"
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "vary_prompts.py"
+    subprocess.run([sys.executable, str(script), "--train-prompts", str(prompts), "--per-prompt", "3",
+                    "--shard-size", "4", "--out", str(out)], check=True, capture_output=True)
+    # round-robin order: aime24, arena-hard-v2, gsm8k, lbpp, livecodebench, then gsm8k alone from index 5
+    index_of_line = [2] + list(range(5, 64))
+    origin_text = {index: problems[line] for line, index in enumerate(index_of_line)}
+    records = read_jsonl(out)
+    origins = [r["origin"] for r in records]
+    assert len(records) % 4 == 0 and len(records) >= 4 * 3 * 10
+    assert all(origin % 20 != 19 for origin in origins) and {19, 39, 59} <= set(index_of_line)
+    assert index_of_line[12] not in origins  # near-dev
+    assert set(origins) <= set(origin_text) and len(set(origins)) >= 40
+    for record in records:
+        variant, _, last = record["turns"][0].rpartition("\n")
+        assert last == instruction and record["source"] == "gsm8k-variant"
+        assert skeleton(variant) == skeleton(origin_text[record["origin"]]) and not re.search(r"\b0\d", variant)
+    assert sum(r["turns"][0].split("\n")[0] != origin_text[r["origin"]] for r in records) == len(records)
+    assert len({r["turns"][0] for r in records}) == len(records)
+
+
+def test_committed_gsm8k_variants_come_from_training_prompts_and_shards_answer_them():
+    root = pathlib.Path(__file__).resolve().parents[1] / "data" / "smollm2"
+    prompts = read_jsonl(root / "gsm8k_variants_prompts.jsonl.gz")
+    shards = sorted((root / "gsm8k_variants").glob("shard-*.jsonl.gz"))
+    assert len(prompts) == 256 * len(shards) and [p.name for p in shards] == [f"shard-{i:05d}.jsonl.gz" for i in range(len(shards))]
+    assert all(p["origin"] % 20 != 19 and p["source"] == "gsm8k-variant" for p in prompts)
+    by_origin: dict = {}
+    for p in prompts:
+        by_origin.setdefault(p["origin"], set()).add(skeleton(p["turns"][0]))
+    assert all(len(shapes) == 1 for shapes in by_origin.values())  # only the numbers differ between variants
+    dev = [prompt.rpartition("\n")[0] for prompt in read_prompts(["gsm8k"])]
+    keep = PromptFilter(dev, kept=[])
+    assert not any(keep.reason(p["turns"][0].rpartition("\n")[0], complete=True) == "near-dev" for p in prompts)
+    for number, shard in enumerate(shards):
+        records = read_jsonl(shard)
+        assert sorted(r["prompt_index"] for r in records) == list(range(256 * number, 256 * (number + 1))), shard
+        assert all(r["prompt_ids"] and r["response_ids"] for r in records), shard
+
+
 def test_smollm2_splits_names_the_missing_prompt_file_in_one_line(tmp_path):
     script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "smollm2_splits.py"
     run = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "runs"), "--train-prompts", str(tmp_path)],
@@ -392,7 +450,8 @@ def test_smollm2_splits_continue_mix_holds_every_new_answer_and_the_replay(tmp_p
         (prompts / f"{kind}.jsonl").write_text('{"turns": ["?"]}\n' * lines)  # only the kinds' order is read
     root = pathlib.Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, str(root / "scripts/smollm2_splits.py"), "--out", str(tmp_path / "runs"),
-                    "--train-prompts", str(prompts), "--shards", "94", "--new-from", "92", "--replay", "3000"], check=True, capture_output=True)
+                    "--train-prompts", str(prompts), "--shards", "94", "--new-from", "92", "--replay", "3000", "--focus", "50"],
+                   check=True, capture_output=True)
     mix = [json.loads(line) for line in open(tmp_path / "runs/grown/continue.jsonl")]
     new = [r for r in mix if r.get("source") == "magpie" and r["prompt_index"] >= 92 * 256]
     assert len(new) == len(mix) - 3000 and mix[:len(new)] == new  # the new answers first, then the replay
@@ -402,3 +461,11 @@ def test_smollm2_splits_continue_mix_holds_every_new_answer_and_the_replay(tmp_p
     assert len(new) == expected
     keys = {(r.get("source"), r["prompt_index"]) for r in mix}
     assert len(keys) == len(mix)  # no answer twice
+    focus = [json.loads(line) for line in open(tmp_path / "runs/focus/train.jsonl")]
+    variants = [r for r in focus if r.get("source") == "gsm8k-variant"]
+    assert len(variants) == 256 * len(list((root / "data/smollm2/gsm8k_variants").glob("shard-*.jsonl.gz")))
+    assert sum(r.get("source") == "magpie" for r in focus) == 50
+    assert len({(r.get("source"), r["prompt_index"]) for r in focus}) == len(focus)
+    assert all(r["prompt_index"] % 20 != 19 for r in focus if r.get("source") != "gsm8k-variant")
+    grown = [json.loads(line) for line in open(tmp_path / "runs/grown/train.jsonl")]
+    assert not any(r.get("source") == "gsm8k-variant" for r in grown)  # --shards: the split of before them
