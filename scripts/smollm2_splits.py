@@ -104,10 +104,11 @@ def main() -> None:
 
     # The shipped drafter: every training answer once (the target's own prompts give chat and code their share).
     magpie = [r for r in magpie_answers(args.shards) if r["prompt_index"] % 20 != 19]
-    grown = train + magpie + (variant_answers() if args.shards is None else [])  # --shards: a split of before them
+    variants = variant_answers()
+    grown = train + magpie + (variants if args.shards is None else [])  # --shards: a split of before them
     write(out / "grown/train.jsonl", grown)
     if args.focus is not None:
-        focus = variant_answers() + train + random.Random(9).sample(magpie, args.focus)
+        focus = variants + train + random.Random(9).sample(magpie, args.focus)
         write(out / "focus/train.jsonl", random.Random(10).sample(focus, len(focus)))
     if args.new_from is not None:
         seen = len(train) + sum(r["prompt_index"] % 20 != 19 for r in magpie_answers(args.new_from))
