@@ -2,8 +2,8 @@
 
     python scripts/smollm2_splits.py --out runs [--shards 48] [--train-prompts DIR]
 
-writes runs/grown/train.jsonl (every training answer, the target's own prompts and the gsm8k variants included),
-with `--focus N` also runs/focus/train.jsonl (the ninth run's mix), with
+writes runs/grown/train.jsonl (every training answer, the target's own prompts, the gsm8k variants and the stubs
+included), with `--focus N` also runs/focus/train.jsonl (the ninth and eleventh runs' mix), with
 `--new-from K --replay N` also runs/grown/continue.jsonl (every training answer of shards K and up, plus N
 earlier ones drawn at random: the sixth run of docs/studies.md), runs/final/{train,heldout,heldout_prompts}.jsonl
 (the previous drafter's data and the held-out sets) and runs/levers/{train_base,train_no_lbpp,train_half,eval_in,eval_lbpp,eval_aime}.jsonl plus
@@ -28,6 +28,7 @@ PROMPTS = ROOT.parent / "shared" / "data" / "prompts" / "train"  # the task's tr
 MAGPIE = (ROOT / "data/smollm2/magpie", ROOT / "data/smollm2/magpie_fp32")  # bf16 and fp32 answers, disjoint shards
 MAGPIE_PROMPTS = ROOT / "data/smollm2/magpie_prompts.jsonl.gz"
 VARIANTS = ROOT / "data/smollm2/gsm8k_variants"  # answers to scripts/vary_prompts.py's prompts: all training answers
+STUBS = ROOT / "data/smollm2/stubs"  # answers to scripts/stub_prompts.py's prompts: all training answers
 KINDS = ("aime24", "arena-hard-v2", "gsm8k", "lbpp", "livecodebench")  # sorted: `regenerate`'s round-robin order
 
 
@@ -67,6 +68,12 @@ def variant_answers() -> list[dict]:
             for path in sorted(VARIANTS.glob("shard-*.jsonl.gz")) for r in read_jsonl(path)]
 
 
+def stub_answers() -> list[dict]:
+    """The answers to function stubs built from training answers to the target's own code prompts (so none is held
+    out), kind `stub`."""
+    return [dict(r, kind="stub", source="stub") for path in sorted(STUBS.glob("shard-*.jsonl.gz")) for r in read_jsonl(path)]
+
+
 def write(path: Path, records: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as out:
@@ -81,7 +88,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs")
     parser.add_argument("--shards", type=int,
                         help="read only the first N answer shards of the target's own prompts, and no gsm8k "
-                             "variants (default: all; the shipped drafter: 92, the one before: 84)")
+                             "variants or stubs (default: all; the fifth drafter: 92, the one before: 84)")
     parser.add_argument("--train-prompts", type=Path, default=PROMPTS,
                         help="folder of aime24.jsonl, gsm8k.jsonl, ... (default: %(default)s)")
     parser.add_argument("--new-from", type=int, metavar="K",
@@ -89,9 +96,9 @@ def main() -> None:
     parser.add_argument("--replay", type=int, default=0, metavar="N",
                         help="... plus N earlier training answers drawn at random (seeded)")
     parser.add_argument("--focus", type=int, metavar="N",
-                        help="write runs/focus/train.jsonl: every gsm8k-variant answer and every training answer to "
-                             "the training prompts, plus N answers to the target's own prompts drawn at random "
-                             "(the ninth run of docs/studies.md)")
+                        help="write runs/focus/train.jsonl: every gsm8k-variant and stub answer and every training "
+                             "answer to the training prompts, plus N answers to the target's own prompts drawn at "
+                             "random (the ninth and eleventh runs of docs/studies.md)")
     args = parser.parse_args()
     if args.new_from is not None and args.shards is not None and not 0 <= args.new_from < args.shards:
         parser.error(f"--new-from {args.new_from}: give a shard below --shards {args.shards}")
@@ -105,11 +112,13 @@ def main() -> None:
     # The shipped drafter: every training answer once (the target's own prompts give chat and code their share).
     magpie = [r for r in magpie_answers(args.shards) if r["prompt_index"] % 20 != 19]
     variants = variant_answers()
-    grown = train + magpie + (variants if args.shards is None else [])  # --shards: a split of before them
+    stubs = stub_answers()
+    grown = train + magpie + (variants + stubs if args.shards is None else [])  # --shards: a split of before them
     write(out / "grown/train.jsonl", grown)
     if args.focus is not None:
         focus = variants + train + random.Random(9).sample(magpie, args.focus)
-        write(out / "focus/train.jsonl", random.Random(10).sample(focus, len(focus)))
+        # The ninth run's file, then the stubs (the trainer draws its own order)
+        write(out / "focus/train.jsonl", random.Random(10).sample(focus, len(focus)) + stubs)
     if args.new_from is not None:
         seen = len(train) + sum(r["prompt_index"] % 20 != 19 for r in magpie_answers(args.new_from))
         older = train + magpie

@@ -44,6 +44,15 @@ def split(prompt: str) -> tuple[str, str]:
     return (problem, instruction) if problem else (prompt, "")
 
 
+def write_whole_shards(path: Path, records: list[dict], shard_size: int) -> int:
+    """Write the prompt records that fill whole answer shards, gzipped; returns how many."""
+    records = records[:len(records) // shard_size * shard_size]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8", compresslevel=9) as sink:
+        sink.writelines(json.dumps(record) + "\n" for record in records)
+    return len(records)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-prompt", type=int, default=4, help="variants of each training prompt")
@@ -67,11 +76,8 @@ def main() -> None:
                 continue
             records.append({"turns": ["\n".join(filter(None, (variant, instruction)))], "kind": "math", "source": "gsm8k-variant",
                             "origin": index})
-    records = records[:len(records) // args.shard_size * args.shard_size]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(args.out, "wt", encoding="utf-8", compresslevel=9) as sink:
-        sink.writelines(json.dumps(record) + "\n" for record in records)
-    print(json.dumps({"out": str(args.out), "variants": len(records), "dropped": dropped}))
+    kept = write_whole_shards(args.out, records, args.shard_size)
+    print(json.dumps({"out": str(args.out), "variants": kept, "dropped": dropped}))
 
 
 if __name__ == "__main__":

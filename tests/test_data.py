@@ -1,5 +1,6 @@
 """Tests for dspark_hf.tools.training.data with a tiny random Llama and a word-level tokenizer."""
 
+import ast
 import functools
 import gzip
 import json
@@ -433,6 +434,67 @@ def test_committed_gsm8k_variants_come_from_training_prompts_and_shards_answer_t
         assert all(r["prompt_ids"] and r["response_ids"] for r in records), shard
 
 
+def stub_prompts_module():
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+    import stub_prompts
+    return stub_prompts
+
+
+def test_a_stub_takes_the_first_function_with_arguments_and_the_prompts_first_paragraph():
+    stubs = stub_prompts_module()
+    answer = ("Sure.\n```python\ndef broken(:\n```\nor\n```python\nimport math\nfrom typing import List\n\n"
+              "def helper():\n    return 1\n\ndef area(radii: List[float],\n         scale=2) -> float:\n"
+              "    total = 0\n    return total\n\nimport os\n```")
+    assert stubs.signature(answer) == (["import math", "from typing import List"],
+                                       "def area(radii: List[float],\n         scale=2) -> float:")
+    assert stubs.signature("```python\ndef f():\n    pass\n```") is None  # no argument: nothing to call it with
+    assert stubs.signature("def f(x):\n    return x") is None  # not in a fenced block
+    assert stubs.signature("```python\ndef f(x): return x\n```") is None  # no header line to itself
+    decorator = "```python\ndef deco(func):\n    @wraps(func)\n    def inner(*a):\n        return func(*a)\n    return inner\n```"
+    assert stubs.signature(decorator) == ([], "def deco(func):")  # the inner function's decorator is body
+    prompt = "Write a function that sums the areas of circles\nwith the given radii.\n\nHere is my try: ..."
+    assert stubs.docstring(prompt) == "    Write a function that sums the areas of circles with the given radii."
+    for unusable in ("Fix this code:", "Fix `x` in ```python\nx\n```", "Short one", "word " * 100):
+        assert stubs.docstring(unusable) is None, unusable
+    text = stubs.stub_prompt("Finish this Python function:", *stubs.signature(answer), stubs.docstring(prompt))
+    instruction, code = text.split("\n", 1)
+    assert instruction == "Finish this Python function:" and code.startswith("```python\n") and code.endswith("\n```")
+    tree = ast.parse(code[len("```python\n"):-len("```")])
+    function = tree.body[-1]
+    assert function.name == "area" and [a.arg for a in function.args.args] == ["radii", "scale"]
+    assert ast.get_docstring(function) == "Write a function that sums the areas of circles with the given radii."
+    assert len(function.body) == 1  # the docstring alone: the body is the answer's to write
+    assert stubs.parses(text) and not stubs.parses("Finish:\n```python\ndef f(x): return x\n```")
+
+
+def test_committed_stub_prompts_come_from_training_code_answers_and_shards_answer_them():
+    stubs = stub_prompts_module()
+    root = pathlib.Path(__file__).resolve().parents[1] / "data" / "smollm2"
+    prompts = read_jsonl(root / "stub_prompts.jsonl.gz")
+    held_out = read_jsonl(root / "stub_heldout_prompts.jsonl.gz")
+    magpie_kinds = [record["kind"] for record in read_jsonl(root / "magpie_prompts.jsonl.gz")]
+    assert len(prompts) % 256 == 0 and len({p["turns"][0] for p in prompts}) == len(prompts)
+    assert all(p["origin"] % 20 != 19 and magpie_kinds[p["origin"]] == "code" and p["source"] == "stub" for p in prompts)
+    assert len(held_out) == 256 and all(p["origin"] % 20 == 19 and magpie_kinds[p["origin"]] == "code" for p in held_out)
+    assert not {p["turns"][0] for p in held_out} & {p["turns"][0] for p in prompts}
+    dev = read_prompts(["gsm8k", "humaneval", "mt-bench"])
+    dev_names = {name for prompt in dev for name in stubs.DEF.findall(prompt)}
+    keep = PromptFilter(dev, kept=[])
+    for p in prompts + held_out:
+        instruction, code = p["turns"][0].split("\n", 1)
+        assert instruction in stubs.INSTRUCTIONS and instruction not in "\n".join(dev)
+        function = ast.parse(code[len("```python\n"):-len("```")]).body[-1]
+        assert ast.get_docstring(function) and function.name not in dev_names
+        assert keep.reason(p["turns"][0], complete=True) != "near-dev"
+    shards = sorted((root / "stubs").glob("shard-*.jsonl.gz"))
+    assert shards and [p.name for p in shards] == [f"shard-{i:05d}.jsonl.gz" for i in range(len(shards))]
+    assert [p.name for p in (root / "stubs_heldout").glob("shard-*.jsonl.gz")] == ["shard-00000.jsonl.gz"]
+    for number, shard in [*enumerate(shards), (0, root / "stubs_heldout" / "shard-00000.jsonl.gz")]:
+        records = read_jsonl(shard)
+        assert sorted(r["prompt_index"] for r in records) == list(range(256 * number, 256 * (number + 1))), shard
+        assert all(r["prompt_ids"] and r["response_ids"] for r in records), shard
+
+
 def test_smollm2_splits_names_the_missing_prompt_file_in_one_line(tmp_path):
     script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "smollm2_splits.py"
     run = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "runs"), "--train-prompts", str(tmp_path)],
@@ -462,10 +524,14 @@ def test_smollm2_splits_continue_mix_holds_every_new_answer_and_the_replay(tmp_p
     keys = {(r.get("source"), r["prompt_index"]) for r in mix}
     assert len(keys) == len(mix)  # no answer twice
     focus = [json.loads(line) for line in open(tmp_path / "runs/focus/train.jsonl")]
+    stubs = [r for r in focus if r.get("source") == "stub"]
+    assert len(stubs) == 256 * len(list((root / "data/smollm2/stubs").glob("shard-*.jsonl.gz")))
+    assert focus[len(focus) - len(stubs):] == stubs  # after the ninth run's file, which stays as it was
+    focus = focus[:len(focus) - len(stubs)]
     variants = [r for r in focus if r.get("source") == "gsm8k-variant"]
     assert len(variants) == 256 * len(list((root / "data/smollm2/gsm8k_variants").glob("shard-*.jsonl.gz")))
     assert sum(r.get("source") == "magpie" for r in focus) == 50
     assert len({(r.get("source"), r["prompt_index"]) for r in focus}) == len(focus)
     assert all(r["prompt_index"] % 20 != 19 for r in focus if r.get("source") != "gsm8k-variant")
     grown = [json.loads(line) for line in open(tmp_path / "runs/grown/train.jsonl")]
-    assert not any(r.get("source") == "gsm8k-variant" for r in grown)  # --shards: the split of before them
+    assert not any(r.get("source") in ("gsm8k-variant", "stub") for r in grown)  # --shards: the split of before them
