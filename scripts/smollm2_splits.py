@@ -61,17 +61,10 @@ def magpie_answers(shards: Optional[int] = None) -> list[dict]:
             for path in paths for r in read_jsonl(path)]
 
 
-def variant_answers() -> list[dict]:
-    """The answers to the gsm8k training prompts with their numbers drawn again (only training prompts are varied,
-    so none is held out), kind `gsm8k-variant`."""
-    return [dict(r, kind="gsm8k-variant", source="gsm8k-variant")
-            for path in sorted(VARIANTS.glob("shard-*.jsonl.gz")) for r in read_jsonl(path)]
-
-
-def stub_answers() -> list[dict]:
-    """The answers to function stubs built from training answers to the target's own code prompts (so none is held
-    out), kind `stub`."""
-    return [dict(r, kind="stub", source="stub") for path in sorted(STUBS.glob("shard-*.jsonl.gz")) for r in read_jsonl(path)]
+def folder_answers(folder: Path, kind: str) -> list[dict]:
+    """Every answer in a folder of shards whose prompts are all training prompts (the gsm8k variants, the stubs: each
+    built from training prompts or answers only, so none is held out), tagged with `kind` as kind and source."""
+    return [dict(r, kind=kind, source=kind) for path in sorted(folder.glob("shard-*.jsonl.gz")) for r in read_jsonl(path)]
 
 
 def write(path: Path, records: list[dict]) -> None:
@@ -111,8 +104,8 @@ def main() -> None:
 
     # The shipped drafter: every training answer once (the target's own prompts give chat and code their share).
     magpie = [r for r in magpie_answers(args.shards) if r["prompt_index"] % 20 != 19]
-    variants = variant_answers()
-    stubs = stub_answers()
+    variants = folder_answers(VARIANTS, "gsm8k-variant")
+    stubs = folder_answers(STUBS, "stub")
     grown = train + magpie + (variants + stubs if args.shards is None else [])  # --shards: a split of before them
     write(out / "grown/train.jsonl", grown)
     if args.focus is not None:
