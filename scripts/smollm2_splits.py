@@ -2,8 +2,10 @@
 
     python scripts/smollm2_splits.py --out runs [--shards 48] [--train-prompts DIR]
 
-writes runs/grown/train.jsonl (every training answer, the target's own prompts, the gsm8k variants and the stubs
-included), with `--focus N` also runs/focus/train.jsonl (the ninth and eleventh runs' mix), with
+writes runs/grown/train.jsonl (every training answer, the target's own prompts, the gsm8k variants, the stubs and
+the writing answers included), runs/writing/train.jsonl and runs/final/heldout_writing.jsonl (the writing answers
+to train on and the held-out ones), with `--focus N` also runs/focus/train.jsonl (the ninth, eleventh and twelfth
+runs' mix), with
 `--new-from K --replay N` also runs/grown/continue.jsonl (every training answer of shards K and up, plus N
 earlier ones drawn at random: the sixth run of docs/studies.md), runs/final/{train,heldout,heldout_prompts}.jsonl
 (the previous drafter's data and the held-out sets) and runs/levers/{train_base,train_no_lbpp,train_half,eval_in,eval_lbpp,eval_aime}.jsonl plus
@@ -29,6 +31,7 @@ MAGPIE = (ROOT / "data/smollm2/magpie", ROOT / "data/smollm2/magpie_fp32")  # bf
 MAGPIE_PROMPTS = ROOT / "data/smollm2/magpie_prompts.jsonl.gz"
 VARIANTS = ROOT / "data/smollm2/gsm8k_variants"  # answers to scripts/vary_prompts.py's prompts: all training answers
 STUBS = ROOT / "data/smollm2/stubs"  # answers to scripts/stub_prompts.py's prompts: all training answers
+WRITING = ROOT / "data/smollm2/writing"  # answers to `dspark synthesize --kinds writing` prompts, 1 in 20 held out
 KINDS = ("aime24", "arena-hard-v2", "gsm8k", "lbpp", "livecodebench")  # sorted: `regenerate`'s round-robin order
 
 
@@ -62,8 +65,8 @@ def magpie_answers(shards: Optional[int] = None) -> list[dict]:
 
 
 def folder_answers(folder: Path, kind: str) -> list[dict]:
-    """Every answer in a folder of shards whose prompts are all training prompts (the gsm8k variants, the stubs: each
-    built from training prompts or answers only, so none is held out), tagged with `kind` as kind and source."""
+    """Every answer in a folder of shards, tagged with `kind` as kind and source. The gsm8k variants and the stubs are
+    built from training prompts or answers only, so none is held out; the writing prompts hold out 1 in 20."""
     return [dict(r, kind=kind, source=kind) for path in sorted(folder.glob("shard-*.jsonl.gz")) for r in read_jsonl(path)]
 
 
@@ -106,11 +109,15 @@ def main() -> None:
     magpie = [r for r in magpie_answers(args.shards) if r["prompt_index"] % 20 != 19]
     variants = folder_answers(VARIANTS, "gsm8k-variant")
     stubs = folder_answers(STUBS, "stub")
-    grown = train + magpie + (variants + stubs if args.shards is None else [])  # --shards: a split of before them
+    writing = folder_answers(WRITING, "writing")
+    writing_train = [r for r in writing if r["prompt_index"] % 20 != 19]
+    grown = train + magpie + (variants + stubs + writing_train if args.shards is None else [])  # --shards: before them
     write(out / "grown/train.jsonl", grown)
+    write(out / "writing/train.jsonl", writing_train)
+    write(out / "final/heldout_writing.jsonl", [r for r in writing if r["prompt_index"] % 20 == 19])
     if args.focus is not None:
         focus = variants + train + random.Random(9).sample(magpie, args.focus)
-        # The ninth run's file, then the stubs (the trainer draws its own order)
+        # The ninth run's file, then the stubs (the trainer draws its own order; the eleventh read stub shards 0-15)
         write(out / "focus/train.jsonl", random.Random(10).sample(focus, len(focus)) + stubs)
     if args.new_from is not None:
         seen = len(train) + sum(r["prompt_index"] % 20 != 19 for r in magpie_answers(args.new_from))

@@ -19,7 +19,7 @@ from dspark_hf.tools.cli import main
 from dspark_hf.tools.prompts import read_prompts, render_prompt
 from dspark_hf.tools.training.data import load_sequences, read_jsonl, tokenize_texts
 from dspark_hf.tools.training.regenerate import PreallocatedLayer, regenerate
-from dspark_hf.tools.training.synthesize import PromptFilter, synthesize, user_header, words
+from dspark_hf.tools.training.synthesize import KIND_OPENERS, PromptFilter, batch_seed, synthesize, user_header, words
 
 WORDS = ["<pad>", "<unk>", "user", "bot", "nothink"] + [f"w{i}" for i in range(27)]
 CHAT_TEMPLATE = (
@@ -319,6 +319,23 @@ def test_synthesize_writes_exactly_count_prompts_of_each_kind_and_resumes(name, 
     assert [p.name for p in tmp_path.iterdir()] == [name]  # nothing left beside it
     header = tokenizer.decode(user_header(tokenizer, "code"))
     assert header.startswith("user") and "w" not in header  # the template up to the user's words, no further
+
+
+def test_writing_prompts_open_with_an_imperative_drawn_per_batch(tmp_path, target_and_tokenizer, monkeypatch):
+    """A writing prompt is the opener the target was handed plus what it wrote after it, one opener drawn per batch
+    (from the bare header the target asks for advice, not for a text)."""
+    model, tokenizer = target_and_tokenizer
+    monkeypatch.setattr(PromptFilter, "reason", lambda self, text, complete: "")
+    monkeypatch.setitem(KIND_OPENERS, "writing", ("w1 w2", "w3", "w4 w5", "w6"))  # words the tiny tokenizer has
+    out = tmp_path / "writing.jsonl"
+    synthesize(model, tokenizer, out, count=12, kinds=("writing",), batch_size=4, max_prompt_tokens=4)
+    records = read_jsonl(out)
+    openers = KIND_OPENERS["writing"]
+    drawn = [openers[batch_seed(0, 0, batch) % len(openers)] for batch in range(3)]
+    assert [r["turns"][0].startswith(drawn[n // 4]) for n, r in enumerate(records)] == [True] * 12
+    assert {r["kind"] for r in records} == {"writing"}
+    header, opened = user_header(tokenizer, "writing"), user_header(tokenizer, "writing", "w4 w5")
+    assert opened[:len(header)] == header and tokenizer.decode(opened[len(header):]) == "w4 w5"
 
 
 def test_a_resumed_synthesize_samples_afresh(tmp_path, target_and_tokenizer, monkeypatch):

@@ -33,21 +33,27 @@ KIND_SYSTEM_PROMPTS = {
     "math": "You are a patient math tutor. Users bring you arithmetic and algebra word problems to solve step by step.",
     "code": "You are an expert Python programmer. Users ask you to write, explain or fix Python functions.",
     "chat": None,
+    "writing": "You are a skilled writer. Users ask you to compose emails, blog posts, stories, descriptive "
+               "paragraphs, letters, speeches and headlines, or to edit and rewrite their text.",
 }
+# Words the user's message starts with, one drawn per batch: what the target then writes is a request in
+# the imperative form users give a writer ("Compose a ..."), where from the header alone it asks for advice instead.
+KIND_OPENERS = {"writing": ("Write a", "Compose a", "Draft a", "Describe a", "Craft a", "Write a short", "Create a")}
+DEFAULT_KINDS = ("math", "code", "chat")
 SENTINEL = "\x00USER\x00"
 REFUSAL = re.compile(r"\b(i'?m sorry|i cannot|i can'?t|as an ai|language model|smollm|hugging ?face|"
                      r"assistant|how can i help|i am an ai)\b", re.IGNORECASE)
 COMMON_WORDS = {"the", "a", "is", "of", "to", "and", "in", "what", "how", "can", "you", "i", "for", "write", "if"}
 
 
-def user_header(tokenizer, kind: str) -> list[int]:
-    """Token ids of the chat template up to where the user's message would start."""
+def user_header(tokenizer, kind: str, opener: str = "") -> list[int]:
+    """Token ids of the chat template up to where the user's message would start, and `opener` after it."""
     system = KIND_SYSTEM_PROMPTS[kind]
     turns = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": SENTINEL}]
     text = tokenizer.apply_chat_template(turns, tokenize=False)
     if SENTINEL not in text:
         raise InputError("the target's chat template drops the user message; it cannot write its own prompts.")
-    return tokenizer(text[: text.index(SENTINEL)], add_special_tokens=False)["input_ids"]
+    return tokenizer(text[: text.index(SENTINEL)] + opener, add_special_tokens=False)["input_ids"]
 
 
 def words(text: str) -> list[str]:
@@ -120,7 +126,7 @@ def batch_seed(seed: int, start: int, batch: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed} {start} {batch}".encode()).digest()[:8], "little")
 
 
-def synthesize(target, tokenizer, out, *, count: int, kinds=tuple(KIND_SYSTEM_PROMPTS), batch_size: int = 64,
+def synthesize(target, tokenizer, out, *, count: int, kinds=DEFAULT_KINDS, batch_size: int = 64,
                temperature: float = 1.0, top_p: float = 0.95, max_prompt_tokens: int = 192, seed: int = 0,
                exclude: tuple[str, ...] = ()) -> dict:
     """Append prompts to `out` until it holds `count`; returns the run's report (kept by kind, dropped by reason).
@@ -130,7 +136,7 @@ def synthesize(target, tokenizer, out, *, count: int, kinds=tuple(KIND_SYSTEM_PR
     existing = read_jsonl(out) if out.exists() else []
     dev = [prompt for path in shipped_prompt_sets().values() for prompt in read_prompts([path])]
     keep = PromptFilter(dev, [record["turns"][0] for record in existing] + list(exclude))
-    headers = {kind: user_header(tokenizer, kind) for kind in kinds}
+    openers = {kind: KIND_OPENERS.get(kind, ("",)) for kind in kinds}
     stop_ids = stop_token_ids(target, tokenizer)
     choose = token_chooser(temperature, top_p)
     kept = collections.Counter(record.get("kind") for record in existing)
@@ -140,14 +146,16 @@ def synthesize(target, tokenizer, out, *, count: int, kinds=tuple(KIND_SYSTEM_PR
     with tqdm(total=count, initial=min(count, len(existing)), unit="prompt", desc="synthesize") as bar:
         while len(existing) + written < count:
             kind = min(kinds, key=lambda k: kept[k])  # the scarcest kind goes next
-            torch.manual_seed(batch_seed(seed, len(existing), batches))
+            draw = batch_seed(seed, len(existing), batches)
+            opener = openers[kind][draw % len(openers[kind])]
+            torch.manual_seed(draw)
             batches += 1
-            texts = decode(target, [headers[kind]] * batch_size, max_new_tokens=max_prompt_tokens,
+            texts = decode(target, [user_header(tokenizer, kind, opener)] * batch_size, max_new_tokens=max_prompt_tokens,
                            stop_ids=stop_ids, pad_id=stop_ids[0], choose=choose)
             lines = []
             for ids in texts:
                 complete = bool(ids) and ids[-1] in stop_ids
-                text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+                text = (opener + tokenizer.decode(ids, skip_special_tokens=True)).strip()
                 why = keep.reason(text, complete)
                 if why:
                     dropped[why] += 1
@@ -167,8 +175,9 @@ def add_arguments(parser) -> None:
     add_model_arguments(parser, drafter=False)
     parser.add_argument("--out", required=True, help='jsonl of {"turns": [...], "kind": ...}; a rerun continues it')
     parser.add_argument("--count", type=positive_int, required=True, help="prompts the file holds when done")
-    parser.add_argument("--kinds", nargs="+", choices=list(KIND_SYSTEM_PROMPTS), default=list(KIND_SYSTEM_PROMPTS),
-                        help="kinds of prompt, kept in equal shares")
+    parser.add_argument("--kinds", nargs="+", choices=list(KIND_SYSTEM_PROMPTS), default=list(DEFAULT_KINDS),
+                        help="kinds of prompt, kept in equal shares (writing: requests to compose a text, opened "
+                             "with one of a few imperative words)")
     parser.add_argument("--batch-size", type=positive_int, default=64, help="prompts sampled at once")
     parser.add_argument("--temperature", type=non_negative_float, default=1.0, help="sampling temperature")
     parser.add_argument("--top-p", type=non_negative_float, default=0.95, help="sampling nucleus")
