@@ -512,6 +512,21 @@ def test_committed_stub_prompts_come_from_training_code_answers_and_shards_answe
         assert all(r["prompt_ids"] and r["response_ids"] for r in records), shard
 
 
+def test_committed_writing_prompts_open_with_an_opener_and_shards_answer_them():
+    root = pathlib.Path(__file__).resolve().parents[1] / "data" / "smollm2"
+    prompts = read_jsonl(root / "writing_prompts.jsonl.gz")
+    assert len(prompts) % 256 == 0 and len({p["turns"][0] for p in prompts}) == len(prompts)
+    assert all(p["kind"] == "writing" and p["turns"][0].startswith(KIND_OPENERS["writing"]) for p in prompts)
+    keep = PromptFilter(read_prompts(["gsm8k", "humaneval", "mt-bench"]), kept=[])
+    assert not any(keep.reason(p["turns"][0], complete=True) for p in prompts)  # every filter, near-dev included
+    shards = sorted((root / "writing").glob("shard-*.jsonl.gz"))
+    assert shards and [p.name for p in shards] == [f"shard-{i:05d}.jsonl.gz" for i in range(len(shards))]
+    for number, shard in enumerate(shards):
+        records = read_jsonl(shard)
+        assert sorted(r["prompt_index"] for r in records) == list(range(256 * number, 256 * (number + 1))), shard
+        assert all(r["prompt_ids"] and r["response_ids"] for r in records), shard
+
+
 def test_smollm2_splits_names_the_missing_prompt_file_in_one_line(tmp_path):
     script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "smollm2_splits.py"
     run = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "runs"), "--train-prompts", str(tmp_path)],
@@ -551,4 +566,9 @@ def test_smollm2_splits_continue_mix_holds_every_new_answer_and_the_replay(tmp_p
     assert len({(r.get("source"), r["prompt_index"]) for r in focus}) == len(focus)
     assert all(r["prompt_index"] % 20 != 19 for r in focus if r.get("source") != "gsm8k-variant")
     grown = [json.loads(line) for line in open(tmp_path / "runs/grown/train.jsonl")]
-    assert not any(r.get("source") in ("gsm8k-variant", "stub") for r in grown)  # --shards: the split of before them
+    assert not any(r.get("source") in ("gsm8k-variant", "stub", "writing") for r in grown)  # --shards: before them
+    writing = [json.loads(line) for line in open(tmp_path / "runs/writing/train.jsonl")]
+    held_writing = [json.loads(line) for line in open(tmp_path / "runs/final/heldout_writing.jsonl")]
+    assert {r["prompt_index"] % 20 == 19 for r in writing} == {False} and {r["source"] for r in writing} == {"writing"}
+    assert {r["prompt_index"] % 20 for r in held_writing} == {19}
+    assert len(writing) + len(held_writing) == 256 * len(list((root / "data/smollm2/writing").glob("shard-*.jsonl.gz")))
