@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A SmolLM2 drafter from data made on one GPU, in one call of about 10 minutes on an H200:
-#   1. the target writes its own prompts (dspark synthesize), none that DATA/prompts.jsonl.gz holds,
+#   1. the target writes its own prompts (dspark synthesize: math, code, chat and writing requests in equal shares),
+#      none that DATA/prompts.jsonl.gz holds,
 #   2. answers them greedily in big batches (dspark regenerate, shards of 4,096),
 #   3. a DSpark drafter trains on them and DATA/train.jsonl.gz for a fixed number of steps: it continues INIT (a
 #      drafter directory; default .gpu/init, the shipped drafter as scripts/gpu_pack.sh copies it, when there) or
@@ -55,7 +56,8 @@ data=${DATA-$( [ -d .gpu/data ] && echo .gpu/data || true )}
 earlier=() exclude=()
 [ -z "$data" ] || earlier=("$data/train.jsonl.gz") exclude=(--exclude "$data/prompts.jsonl.gz")
 dspark synthesize --target "$target" --dtype "$dtype" "${device[@]}" --out "$out/prompts.jsonl" --count "$prompts" \
-    --batch-size "$synth_batch" --temperature 0.9 --top-p 0.95 "${exclude[@]}" | tee "$out/synthesize.json"
+    --kinds math code chat writing --batch-size "$synth_batch" --temperature 0.9 --top-p 0.95 "${exclude[@]}" \
+    | tee "$out/synthesize.json"
 stamp synthesize
 dspark regenerate --target "$target" --dtype "$dtype" "${device[@]}" --prompts "$out/prompts.jsonl" \
     --out "$out/answers" --shard-size "$shard" --batch-size "$batch" --max-new-tokens "$new_tokens" | tee "$out/regenerate.json"

@@ -30,7 +30,7 @@ split -b 56M -d -a 1 "$work/smollm2.gguf" .gpu/smollm2.gguf.part
 mkdir .gpu/init && cp src/dspark_hf/assets/smollm2_dspark/{config.json,model.safetensors} .gpu/init/
 "$python" scripts/smollm2_splits.py --out "$work/splits" > /dev/null
 mkdir .gpu/data && gzip -c "$work/splits/grown/train.jsonl" > .gpu/data/train.jsonl.gz
-{ zcat data/smollm2/magpie_prompts.jsonl.gz; cat ../shared/data/prompts/train/*.jsonl; } \
+{ zcat data/smollm2/magpie_prompts.jsonl.gz data/smollm2/writing_prompts.jsonl.gz; cat ../shared/data/prompts/train/*.jsonl; } \
     | gzip > .gpu/data/prompts.jsonl.gz
 mkdir -p .whl
 "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

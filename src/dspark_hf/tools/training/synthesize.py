@@ -2,7 +2,8 @@
 
 Magpie-style self-synthesis: the target is given its chat template up to the user header and
 nothing after it, and samples what a user would ask. A system prompt per kind (math, code,
-chat) steers the mix, so each kind keeps a real share. A small model writes many unusable
+chat, writing) steers the mix, so each kind keeps a real share; a writing request also gets its
+first words. A small model writes many unusable
 prompts, so each is filtered: length, English, no refusals or self-talk, no loops, no
 duplicates, and nothing close to a dev prompt (shared word trigrams), since dev prompts must
 never be trained on. The file is appended batch by batch, so a run resumes, and it stops at
@@ -150,7 +151,8 @@ def synthesize(target, tokenizer, out, *, count: int, kinds=DEFAULT_KINDS, batch
             opener = openers[kind][draw % len(openers[kind])]
             torch.manual_seed(draw)
             batches += 1
-            texts = decode(target, [user_header(tokenizer, kind, opener)] * batch_size, max_new_tokens=max_prompt_tokens,
+            header = user_header(tokenizer, kind, opener)
+            texts = decode(target, [header] * batch_size, max_new_tokens=max_prompt_tokens,
                            stop_ids=stop_ids, pad_id=stop_ids[0], choose=choose)
             lines = []
             for ids in texts:
