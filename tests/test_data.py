@@ -432,11 +432,21 @@ def test_vary_prompts_redraws_the_numbers_of_training_prompts_only(tmp_path):
     assert len({r["turns"][0] for r in records}) == len(records)
 
 
+def assert_whole_shards(folder: pathlib.Path, size: int = 256) -> list:
+    """Shards named 0..n-1, shard k holding the answers to prompts k*size to (k+1)*size-1, none empty."""
+    shards = sorted(folder.glob("shard-*.jsonl.gz"))
+    assert shards and [p.name for p in shards] == [f"shard-{i:05d}.jsonl.gz" for i in range(len(shards))], folder
+    for number, shard in enumerate(shards):
+        records = read_jsonl(shard)
+        assert sorted(r["prompt_index"] for r in records) == list(range(size * number, size * (number + 1))), shard
+        assert all(r["prompt_ids"] and r["response_ids"] for r in records), shard
+    return shards
+
+
 def test_committed_gsm8k_variants_come_from_training_prompts_and_shards_answer_them():
     root = pathlib.Path(__file__).resolve().parents[1] / "data" / "smollm2"
     prompts = read_jsonl(root / "gsm8k_variants_prompts.jsonl.gz")
-    shards = sorted((root / "gsm8k_variants").glob("shard-*.jsonl.gz"))
-    assert len(prompts) == 256 * len(shards) and [p.name for p in shards] == [f"shard-{i:05d}.jsonl.gz" for i in range(len(shards))]
+    assert len(prompts) == 256 * len(assert_whole_shards(root / "gsm8k_variants"))
     assert all(p["origin"] % 20 != 19 and p["source"] == "gsm8k-variant" for p in prompts)
     by_origin: dict = {}
     for p in prompts:
@@ -445,10 +455,6 @@ def test_committed_gsm8k_variants_come_from_training_prompts_and_shards_answer_t
     dev = [prompt.rpartition("\n")[0] for prompt in read_prompts(["gsm8k"])]
     keep = PromptFilter(dev, kept=[])
     assert not any(keep.reason(p["turns"][0].rpartition("\n")[0], complete=True) == "near-dev" for p in prompts)
-    for number, shard in enumerate(shards):
-        records = read_jsonl(shard)
-        assert sorted(r["prompt_index"] for r in records) == list(range(256 * number, 256 * (number + 1))), shard
-        assert all(r["prompt_ids"] and r["response_ids"] for r in records), shard
 
 
 def stub_prompts_module():
@@ -503,13 +509,8 @@ def test_committed_stub_prompts_come_from_training_code_answers_and_shards_answe
         function = ast.parse(code[len("```python\n"):-len("```")]).body[-1]
         assert ast.get_docstring(function) and function.name not in dev_names
         assert keep.reason(p["turns"][0], complete=True) != "near-dev"
-    shards = sorted((root / "stubs").glob("shard-*.jsonl.gz"))
-    assert shards and [p.name for p in shards] == [f"shard-{i:05d}.jsonl.gz" for i in range(len(shards))]
-    assert [p.name for p in (root / "stubs_heldout").glob("shard-*.jsonl.gz")] == ["shard-00000.jsonl.gz"]
-    for number, shard in [*enumerate(shards), (0, root / "stubs_heldout" / "shard-00000.jsonl.gz")]:
-        records = read_jsonl(shard)
-        assert sorted(r["prompt_index"] for r in records) == list(range(256 * number, 256 * (number + 1))), shard
-        assert all(r["prompt_ids"] and r["response_ids"] for r in records), shard
+    assert_whole_shards(root / "stubs")
+    assert [p.name for p in assert_whole_shards(root / "stubs_heldout")] == ["shard-00000.jsonl.gz"]
 
 
 def test_committed_writing_prompts_open_with_an_opener_and_shards_answer_them():
@@ -519,12 +520,7 @@ def test_committed_writing_prompts_open_with_an_opener_and_shards_answer_them():
     assert all(p["kind"] == "writing" and p["turns"][0].startswith(KIND_OPENERS["writing"]) for p in prompts)
     keep = PromptFilter(read_prompts(["gsm8k", "humaneval", "mt-bench"]), kept=[])
     assert not any(keep.reason(p["turns"][0], complete=True) for p in prompts)  # every filter, near-dev included
-    shards = sorted((root / "writing").glob("shard-*.jsonl.gz"))
-    assert shards and [p.name for p in shards] == [f"shard-{i:05d}.jsonl.gz" for i in range(len(shards))]
-    for number, shard in enumerate(shards):
-        records = read_jsonl(shard)
-        assert sorted(r["prompt_index"] for r in records) == list(range(256 * number, 256 * (number + 1))), shard
-        assert all(r["prompt_ids"] and r["response_ids"] for r in records), shard
+    assert_whole_shards(root / "writing")
 
 
 def test_smollm2_splits_names_the_missing_prompt_file_in_one_line(tmp_path):
